@@ -1,0 +1,11 @@
+"""The one place that sets Numba flags for fastsim's kernels.
+
+``cache=True`` writes compiled machine code beside the package so later processes (sweep workers
+included) load it instead of compiling; ``nogil=True`` lets threads run kernels in parallel.
+"""
+
+from __future__ import annotations
+
+import numba
+
+jit = numba.njit(cache=True, nogil=True)

@@ -1,0 +1,88 @@
+"""``fastsim bench``: how fast the simulator itself runs, measured honestly.
+
+For each policy and arrival rate, on the lesson's traffic shape drawn with numpy: the first call
+(JIT compile, or load from Numba's cache) is timed apart, then the kernel is timed over several
+repeats (best kept) on the same arrays, and its results are checked before any figure is reported.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import kernels, metrics
+from .config import Config
+from .traffic import generate
+
+
+@dataclass(frozen=True)
+class BenchRow:
+    policy: str
+    rate: float
+    n_requests: int
+    first_call_s: float  # JIT compile or cache load, on a tiny input
+    traffic_s: float
+    kernel_s: float  # best of the repeats
+    metrics_s: float
+    steps: int
+
+    @property
+    def kernel_rps(self) -> float:
+        """Simulated requests per second of the kernel alone."""
+        return self.n_requests / self.kernel_s
+
+    @property
+    def end_to_end_rps(self) -> float:
+        """Simulated requests per second including traffic generation and metrics."""
+        return self.n_requests / (self.traffic_s + self.kernel_s + self.metrics_s)
+
+
+class BenchCheckFailed(RuntimeError):
+    """A benchmarked run produced results that violate the model's invariants."""
+
+
+def _check(config: Config, out: kernels.Outcome, output: np.ndarray, arrival: np.ndarray) -> None:
+    where = f"{config.engine.policy} at rate {config.workload.rate}"
+    if not np.isfinite(out.done_s).all():
+        raise BenchCheckFailed(f"{where}: some requests never finished")
+    if not ((arrival <= out.first_token_s) & (out.first_token_s <= out.done_s)).all():
+        raise BenchCheckFailed(f"{where}: a request finished before it started")
+    if out.busy_slot_steps != int(output.sum()):
+        raise BenchCheckFailed(f"{where}: busy slot-steps != output tokens")
+
+
+def bench(
+    n_requests: int = 1_000_000,
+    rates: tuple[float, ...] = (8.0, 40.0),
+    policies: tuple[str, ...] = tuple(kernels.POLICIES),
+    repeats: int = 3,
+) -> list[BenchRow]:
+    """Time every policy at every rate; raises :class:`BenchCheckFailed` on a wrong result."""
+    rows = []
+    for rate in rates:
+        base = Config().with_values({"workload.rng": "numpy", "workload.rate": rate})
+        t0 = time.perf_counter()
+        traffic = generate(base.with_values({"workload.n_requests": n_requests}).workload)
+        traffic_s = time.perf_counter() - t0
+        tiny = generate(base.with_values({"workload.n_requests": 10}).workload)
+        for policy in policies:
+            config = base.with_values({"engine.policy": policy, "workload.n_requests": n_requests})
+            t0 = time.perf_counter()
+            kernels.run(config, tiny)
+            first_call_s = time.perf_counter() - t0
+            kernel_s = float("inf")
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                out = kernels.run(config, traffic)
+                kernel_s = min(kernel_s, time.perf_counter() - t0)
+            _check(config, out, traffic.output_tokens, traffic.arrival_s)
+            t0 = time.perf_counter()
+            metrics.compute(
+                traffic.arrival_s, traffic.output_tokens, out.first_token_s, out.done_s,
+                out.steps, out.busy_slot_steps, out.max_queue, config.engine.max_batch,
+            )
+            metrics_s = time.perf_counter() - t0
+            rows.append(BenchRow(policy, rate, n_requests, first_call_s, traffic_s, kernel_s, metrics_s, out.steps))
+    return rows

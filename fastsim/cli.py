@@ -1,0 +1,192 @@
+"""The ``fastsim`` command: parses arguments, calls the Python API, prints. Nothing else."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from .config import Config, ConfigError, load_config, parse_override
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+    help="Simulate LLM-serving batching policies: throughput and latency, fast and exact.",
+)
+# Wide when piped (rich would wrap tables at 80 columns); a terminal keeps its own width.
+out = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+err = Console(stderr=True, highlight=False)
+
+ConfigArg = Annotated[Path, typer.Argument(help="Scenario YAML (see configs/).", show_default=False)]
+SetOpt = Annotated[
+    Optional[list[str]],
+    typer.Option("--set", help="Override a config key: dotted.key=value (repeatable).", metavar="KEY=VALUE"),
+]
+
+
+def _fail(message: str, code: int = 2) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(code)
+
+
+def _load(path: Path, sets: list[str] | None) -> Config:
+    return load_config(path, dict(parse_override(s) for s in sets or []))
+
+
+def _print_table(title: str, headers: list[str], rows: list[list[str]], left: int = 1) -> None:
+    """Print a title line and a borderless table; the first ``left`` columns are labels."""
+    table = Table(box=None, header_style="bold")
+    for j, h in enumerate(headers):
+        table.add_column(h, justify="left" if j < left else "right")
+    for row in rows:
+        table.add_row(*row)
+    out.print(title, soft_wrap=True)
+    out.print(table)
+
+
+@app.command()
+def run(
+    config: ConfigArg,
+    set_: SetOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object of the metrics.")] = False,
+    requests_out: Annotated[
+        Optional[Path], typer.Option("--requests-out", help="Write per-request results as netCDF.", metavar="PATH.nc")
+    ] = None,
+) -> None:
+    """Simulate one scenario (the config's base values; its sweep grid is ignored)."""
+    from . import simulate
+    from .metrics import METRICS
+
+    try:
+        cfg = _load(config, set_)
+    except ConfigError as exc:
+        raise _fail(str(exc)) from None
+    result = simulate(cfg)
+    if requests_out is not None:
+        from .io import requests_dataset, write_netcdf
+
+        try:
+            write_netcdf(requests_dataset(result), requests_out)
+        except OSError as exc:
+            raise _fail(f"--requests-out {requests_out}: {exc.strerror or exc}") from None
+    if as_json:
+        clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in result.metrics.items()}
+        typer.echo(json.dumps(clean))
+        return
+    e, w = cfg.engine, cfg.workload
+    title = (
+        f"{e.policy} batching, max_batch {e.max_batch}, limit {e.limit}: "
+        f"{w.n_requests} requests at {w.rate:g}/s ({w.rng} traffic, seed {w.seed})"
+    )
+    rows = [[k, f"{v:.6g}", METRICS[k][0]] for k, v in result.metrics.items()]
+    _print_table(title, ["metric", "value", "units"], rows)
+
+
+@app.command()
+def sweep(
+    config: ConfigArg,
+    set_: SetOpt = None,
+    out_path: Annotated[
+        Optional[Path], typer.Option("--out", help="netCDF output [default: results/<config name>.nc].")
+    ] = None,
+    workers: Annotated[Optional[int], typer.Option(help="Worker processes [default: all cores].", min=1)] = None,
+    scheduler: Annotated[
+        Optional[str], typer.Option(help="Dask scheduler address (tcp://host:8786), or 'local'.")
+    ] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue an interrupted sweep.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+) -> None:
+    """Run the config's sweep grid into one labelled netCDF dataset, then print a summary."""
+    from .api import checkpoint_path, sweep_to_file
+    from .summary import COLUMNS, summarize
+
+    try:
+        cfg = _load(config, set_)
+    except ConfigError as exc:
+        raise _fail(str(exc)) from None
+    target = out_path or Path("results") / f"{config.stem}.nc"
+    progress = Progress(
+        TextColumn("sweep"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("points"),
+        TimeElapsedColumn(),
+        TextColumn("eta"),
+        TimeRemainingColumn(),
+        console=err,
+        disable=quiet,
+    )
+    task = progress.add_task("sweep", total=None)
+    started = time.perf_counter()
+    try:
+        with progress:
+            ds = sweep_to_file(
+                cfg,
+                target,
+                workers=workers,
+                scheduler=scheduler,
+                resume=resume,
+                on_progress=lambda done, total: progress.update(task, completed=done, total=total),
+            )
+    except ConfigError as exc:
+        raise _fail(str(exc)) from None
+    except KeyboardInterrupt:
+        raise _fail(
+            f"interrupted; finished points are kept in {checkpoint_path(target)}: rerun with --resume", 130
+        ) from None
+    except OSError as exc:
+        raise _fail(f"{target}: {exc.strerror or exc}") from None
+    elapsed = time.perf_counter() - started
+    err.print(f"wrote {target} ({math.prod(ds.sizes.values())} points in {elapsed:.1f} s)")
+    title, headers, rows = summarize(ds)
+    _print_table(title, headers, rows, left=len(headers) - len(COLUMNS))
+
+
+@app.command()
+def bench(
+    n: Annotated[int, typer.Option("--n", help="Requests per run.", min=1)] = 1_000_000,
+    repeats: Annotated[int, typer.Option(help="Timed runs per case (best is kept).", min=1)] = 3,
+) -> None:
+    """Measure the simulator's own speed: simulated requests/s per policy and rate, one core."""
+    from .bench import BenchCheckFailed
+    from .bench import bench as run_bench
+
+    err.print(f"benchmarking {n:,} requests per run, lesson traffic shape (numpy rng), best of {repeats}...")
+    try:
+        rows = run_bench(n, repeats=repeats)
+    except BenchCheckFailed as exc:
+        raise _fail(f"results failed their check: {exc}", 1) from None
+    _print_table(
+        f"fastsim bench: {n:,} requests, one core, pid {os.getpid()}",
+        ["policy", "rate/s", "steps/req", "first call", "kernel", "kernel req/s", "end-to-end req/s"],
+        [
+            [
+                r.policy,
+                f"{r.rate:g}",
+                f"{r.steps / r.n_requests:.1f}",
+                f"{r.first_call_s * 1e3:.0f} ms",
+                f"{r.kernel_s * 1e3:.1f} ms",
+                f"{r.kernel_rps / 1e6:.2f} M",
+                f"{r.end_to_end_rps / 1e6:.2f} M",
+            ]
+            for r in rows
+        ],
+    )
+    out.print(
+        "first call = JIT compile or cache load (excluded from the rest); "
+        "end-to-end adds traffic generation and metrics; every run checked (all done, tokens conserved)."
+    )
+
+
+def main() -> None:  # pragma: no cover
+    app()

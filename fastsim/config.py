@@ -1,0 +1,239 @@
+"""Scenario configuration: YAML files validated into inert, frozen pydantic models.
+
+A config names one scenario (hardware, model, engine, workload) and optionally a ``sweep:`` grid
+mapping dotted keys to lists of values. Loading reads YAML (following ``extends:``) and applies
+``--set``-style overrides; validating never touches disk. Every problem is raised as
+:class:`ConfigError`, whose message names the offending key.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class ConfigError(ValueError):
+    """Bad input (a config, override, sweep axis or option); the message names the key."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+_Finite = dict(allow_inf_nan=False)
+
+
+class Hardware(_Section):
+    mem_bandwidth_tb_s: float = Field(3.35, gt=0, **_Finite)
+
+
+class Model(_Section):
+    weight_gb: float = Field(15.008, ge=0, **_Finite)
+    kv_bytes_per_token: float = Field(131072.0, ge=0, **_Finite)
+
+
+class Engine(_Section):
+    policy: str = "continuous"
+    max_batch: int = Field(64, ge=1)
+    # None: no cap beyond max_batch.
+    max_concurrent: int | None = Field(None, ge=1)
+    window_ms: float = Field(50.0, ge=0, **_Finite)
+
+    @field_validator("policy")
+    @classmethod
+    def _known_policy(cls, v: str) -> str:
+        from .kernels import POLICIES  # the registry is the single list of policies
+
+        if v not in POLICIES:
+            raise ValueError(f"must be one of {', '.join(POLICIES)} (got {v!r})")
+        return v
+
+    @property
+    def limit(self) -> int:
+        """Most sequences running at once: min(max_batch, max_concurrent)."""
+        return self.max_batch if self.max_concurrent is None else min(self.max_batch, self.max_concurrent)
+
+
+class Output(_Section):
+    dist: Literal["lognormal", "fixed"] = "lognormal"
+    mu: float = Field(4.5, **_Finite)
+    sigma: float = Field(1.0, ge=0, **_Finite)
+    min: int = Field(1, ge=1)
+    max: int = Field(2000, ge=1)
+    value: int = Field(148, ge=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Output:
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) must not exceed max ({self.max})")
+        return self
+
+
+class Workload(_Section):
+    n_requests: int = Field(3000, ge=1)
+    rate: float = Field(8.0, gt=0, **_Finite)
+    seed: int = Field(7, ge=0)
+    rng: Literal["stdlib", "numpy"] = "numpy"
+    prompt_tokens: int = Field(1000, ge=0)
+    output: Output = Output()
+
+
+class Config(_Section):
+    description: str = ""
+    hardware: Hardware = Hardware()
+    model: Model = Model()
+    engine: Engine = Engine()
+    workload: Workload = Workload()
+    sweep: dict[str, list[Any]] = {}
+
+    @field_validator("sweep")
+    @classmethod
+    def _valid_axes(cls, sweep: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        names: dict[str, str] = {}
+        for key, values in sweep.items():
+            if key not in LEAF_KEYS:
+                raise ValueError(f"{key!r} is not a config key (valid: {', '.join(LEAF_KEYS)})")
+            if not values:
+                raise ValueError(f"axis {key!r} is empty")
+            if len({_hashable(v) for v in values}) != len(values):
+                raise ValueError(f"axis {key!r} repeats a value: {values}")
+            dim = key.rsplit(".", 1)[-1]
+            if dim in names:
+                raise ValueError(f"axes {names[dim]!r} and {key!r} would both be named {dim!r}")
+            names[dim] = key
+        return sweep
+
+    def with_values(self, values: dict[str, Any]) -> Config:
+        """A new config with dotted keys set to ``values`` (validated; the sweep is kept)."""
+        raw = self.model_dump()
+        for key, value in values.items():
+            _set_dotted(raw, key, value)
+        return validate(raw)
+
+
+def _hashable(v: Any) -> Any:
+    return repr(v) if isinstance(v, (list, dict)) else v
+
+
+def _leaf_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
+    keys = []
+    for name, field in model.model_fields.items():
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            keys += _leaf_keys(ann, f"{prefix}{name}.")
+        elif name not in ("sweep", "description"):
+            keys.append(prefix + name)
+    return keys
+
+
+LEAF_KEYS: tuple[str, ...] = tuple(_leaf_keys(Config))
+"""Every dotted key a scenario has (what ``--set`` and ``sweep:`` accept)."""
+
+
+def _set_dotted(raw: dict, key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = raw
+    for i, part in enumerate(parts[:-1]):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{'.'.join(parts[: i + 1])}: is a value, not a section (in {key!r})")
+        node = child
+    node[parts[-1]] = value
+
+
+def _describe(err: dict) -> str:
+    key = ".".join(str(p) for p in err["loc"])
+    if err["type"] == "extra_forbidden":
+        section = ".".join(str(p) for p in err["loc"][:-1])
+        valid = [k for k in (*LEAF_KEYS, "description", "sweep") if k.startswith(section)]
+        return f"{key}: unknown key (valid here: {', '.join(valid)})"
+    msg = err["msg"].removeprefix("Value error, ")
+    got = err.get("input")
+    if err["type"] not in ("value_error", "missing") and not isinstance(got, (dict, list)):
+        msg += f" (got {got!r})"
+    return f"{key or 'config'}: {msg}"
+
+
+def validate(raw: Any) -> Config:
+    """Validate a plain mapping into a :class:`Config`; errors name the key."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config: expected a mapping of sections, got {type(raw).__name__}")
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as exc:
+        errors = exc.errors()
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise ConfigError(_describe(errors[0]) + more) from None
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """Split ``dotted.key=value``; the value is read as a YAML scalar (number, string, null...)."""
+    key, sep, value = text.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(f"--set {text!r}: expected dotted.key=value")
+    try:
+        return key, yaml.safe_load(value)
+    except yaml.YAMLError:
+        raise ConfigError(f"{key}: cannot read value {value!r}") from None
+
+
+def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
+    path = path.resolve()
+    if path in seen:
+        raise ConfigError(f"extends: {path} includes itself")
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such config file") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{path}:{where}: YAML syntax error: {problem}") from None
+    raw = {} if raw is None else raw
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping of sections, got {type(raw).__name__}")
+    parent = raw.pop("extends", None)
+    if parent is None:
+        return raw
+    if not isinstance(parent, str):
+        raise ConfigError(f"extends: expected a path to a config file (got {parent!r})")
+    base = _read_yaml(path.parent / parent, (*seen, path))
+    sweep = raw.pop("sweep", None)
+    _merge(base, raw)
+    if sweep is not None:  # a study's grid replaces its base's grid
+        base["sweep"] = sweep
+    return base
+
+
+def _merge(base: dict, over: dict) -> None:
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            _merge(base[key], value)
+        else:
+            base[key] = value
+
+
+def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Config:
+    """Read a YAML config (following ``extends:``), apply dotted-key ``overrides``, validate.
+
+    An override key ``sweep.<dotted.key>`` sets one sweep axis.
+    """
+    raw = _read_yaml(Path(path))
+    for key, value in (overrides or {}).items():
+        if key.startswith("sweep."):
+            raw.setdefault("sweep", {})
+            if not isinstance(raw["sweep"], dict):
+                raise ConfigError("sweep: expected a mapping of dotted keys to lists")
+            raw["sweep"][key.removeprefix("sweep.")] = value
+        else:
+            _set_dotted(raw, key, value)
+    return validate(raw)
