@@ -9,7 +9,7 @@ import xarray as xr
 
 from . import io
 from .config import Config, ConfigError
-from .sweep import run_grid
+from .grid import run_grid
 
 
 def sweep(

@@ -89,7 +89,8 @@ def _continuous(arrival, prompt, output, limit, t_weight, t_kv, first_token, don
         bucket[cursor] = -1
         # Fast path: run the following iterations in which nobody is admitted and nobody
         # finishes as bare steps, stopping before a step that has completions.
-        if running == limit:  # full: arrivals only lengthen the queue, which grows monotonically
+        # The loop stops before its step, so the next general iteration records the queue.
+        if running == limit:  # full: arrivals only lengthen the queue
             while True:
                 while head < n and arrival[head] <= now:
                     head += 1
@@ -101,7 +102,6 @@ def _continuous(arrival, prompt, output, limit, t_weight, t_kv, first_token, don
                 ctx += running
                 busy += running
                 cursor = nxt
-            max_queue = max(max_queue, head - qhead)
         elif running > 0 and qhead == head:  # free slots, empty queue: until the next arrival
             next_arrival = arrival[head] if head < n else np.inf
             while now < next_arrival:
@@ -192,7 +192,6 @@ def _batched(arrival, prompt, output, limit, window, t_weight, t_kv, first_token
                 ctx += active
                 busy += active
                 cursor = nxt
-            max_queue = max(max_queue, head - qhead)
     return steps, busy, max_queue
 
 

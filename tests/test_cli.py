@@ -1,0 +1,75 @@
+"""`fastsim run` and `fastsim bench` end to end, including the installed console script."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import xarray as xr
+from typer.testing import CliRunner
+
+from fastsim import load_config, simulate
+from fastsim.cli import app
+from fastsim.metrics import METRICS
+
+
+def test_run_prints_a_table(root):
+    result = CliRunner().invoke(app, ["run", str(root / "configs/reference.yaml")])
+    assert result.exit_code == 0
+    assert "continuous batching, max_batch 64" in result.stdout
+    for name in METRICS:
+        assert name in result.stdout
+
+
+def test_run_json_is_one_object_with_every_metric(root):
+    result = CliRunner().invoke(app, ["run", str(root / "configs/h100.yaml"), "--json",
+                                      "--set", "workload.n_requests=500"])
+    assert result.exit_code == 0
+    assert list(json.loads(result.stdout)) == list(METRICS)
+
+
+def test_json_writes_null_for_undefined_metrics(root):
+    result = CliRunner().invoke(app, ["run", str(root / "configs/h100.yaml"), "--json", "--set",
+                                      "workload.output.dist=fixed", "--set", "workload.output.value=1"])
+    assert json.loads(result.stdout)["tpot_p50_s"] is None
+
+
+def test_requests_out(root, tmp_path):
+    path = tmp_path / "deep" / "requests.nc"
+    cfg = root / "configs/reference.yaml"
+    result = CliRunner().invoke(app, ["run", str(cfg), "--set", "engine.policy=static", "--requests-out", str(path)])
+    assert result.exit_code == 0, result.output
+    expected = simulate(load_config(cfg, {"engine.policy": "static"}))
+    with xr.open_dataset(path) as ds:
+        assert ds.sizes["request"] == 3000
+        np.testing.assert_array_equal(ds.done_s.values, expected.done_s)
+        np.testing.assert_array_equal(ds.first_token_s.values, expected.first_token_s)
+        assert ds.done_s.attrs["units"] == "s"
+        assert "policy: static" in ds.attrs["config"]
+    assert [p.name for p in path.parent.iterdir()] == ["requests.nc"]  # no temporary left behind
+
+
+def test_requests_out_unwritable_exits_2(root, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    result = CliRunner().invoke(app, ["run", str(root / "configs/reference.yaml"), "--requests-out",
+                                      str(blocker / "x.nc")])
+    assert result.exit_code == 2 and "--requests-out" in result.stderr
+
+
+def test_bench_runs_and_checks():
+    result = CliRunner().invoke(app, ["bench", "--n", "20000", "--repeats", "1"])
+    assert result.exit_code == 0, result.output
+    for policy in ("static", "dynamic", "continuous"):
+        assert result.stdout.count(policy) == 2  # both rates
+    assert "first call" in result.stdout
+
+
+def test_console_script_installed(root):
+    script = shutil.which("fastsim")
+    assert script, "the fastsim console script is not on PATH"
+    for command in ([script], [sys.executable, "-m", "fastsim"]):
+        result = subprocess.run([*command, "run", str(root / "configs/reference.yaml"), "--json"],
+                                capture_output=True, text=True, check=True)
+        assert json.loads(result.stdout)["steps"] == 77763

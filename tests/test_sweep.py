@@ -1,0 +1,175 @@
+"""Sweeps: labelled output, agreement with single runs, determinism across workers and Dask,
+crash safety and resume, summaries."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import xarray as xr
+from typer.testing import CliRunner
+
+import fastsim
+from fastsim import load_config
+from fastsim.api import checkpoint_path
+from fastsim.cli import app
+from fastsim.metrics import METRICS
+from fastsim.summary import mean_ci
+
+
+@pytest.fixture
+def small(tmp_path, root):
+    """h100 with a small grid: 3 policies x 2 batch sizes x 2 rates x 2 caps = 24 points."""
+    path = tmp_path / "small.yaml"
+    path.write_text(
+        f"extends: {root / 'configs/h100.yaml'}\n"
+        "workload:\n  n_requests: 2000\n"
+        "sweep:\n  engine.policy: [static, dynamic, continuous]\n  engine.max_batch: [16, 64]\n"
+        "  workload.rate: [8, 40]\n  engine.max_concurrent: [null, 8]\n"
+    )
+    return path
+
+
+def sweep_cli(*args):
+    return CliRunner().invoke(app, ["sweep", *map(str, args), "--quiet"])
+
+
+def test_dataset_is_labelled(small, tmp_path):
+    out = tmp_path / "res.nc"
+    result = sweep_cli(small, "--workers", "1", "--out", out)
+    assert result.exit_code == 0, result.output
+    with xr.open_dataset(out) as ds:
+        assert list(ds.throughput_tok_s.dims) == ["policy", "max_batch", "rate", "max_concurrent"]
+        assert list(ds.data_vars) == list(METRICS)
+        for name, (units, long_name) in METRICS.items():
+            assert ds[name].attrs == {"units": units, "long_name": long_name}
+        assert ds.rate.attrs["units"] == "requests/s"
+        assert ds.policy.values.tolist() == ["static", "dynamic", "continuous"]
+        assert np.isnan(ds.max_concurrent.values[0]) and ds.max_concurrent.values[1] == 8
+        assert ds.steps.dtype == np.int64
+        assert load_config(small).model_dump() == fastsim.Config.model_validate(
+            __import__("yaml").safe_load(ds.attrs["config"])).model_dump()
+        assert ds.attrs["fastsim_version"] == fastsim.__version__ and "numba_version" in ds.attrs
+        ds.throughput_tok_s.sel(policy="continuous", max_batch=64, max_concurrent=8, rate=40)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["res.nc", "small.yaml"]  # nothing else left
+
+
+def test_every_point_equals_fastsim_run(small, tmp_path):
+    ds = fastsim.sweep(load_config(small), workers=1)
+    for policy, batch, rate, cap in [("static", 16, 8, None), ("continuous", 64, 40, 8), ("dynamic", 64, 40, None)]:
+        args = ["run", str(small), "--json", "--set", f"engine.policy={policy}", "--set", f"engine.max_batch={batch}",
+                "--set", f"workload.rate={rate}", "--set", f"engine.max_concurrent={'null' if cap is None else cap}"]
+        got = json.loads(CliRunner().invoke(app, args).stdout)
+        point = ds.sel(policy=policy, max_batch=batch, rate=rate).isel(max_concurrent=0 if cap is None else 1)
+        assert {k: point[k].item() for k in METRICS} == got
+
+
+def test_identical_across_workers_and_dask(small):
+    from distributed import LocalCluster
+
+    config = load_config(small)
+    one = fastsim.sweep(config, workers=1)
+    two = fastsim.sweep(config, workers=2)
+    xr.testing.assert_identical(one, two)
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+        on_dask = fastsim.sweep(config, scheduler=cluster.scheduler_address)
+    xr.testing.assert_identical(one, on_dask)
+
+
+def test_cli_local_dask_cluster(small, tmp_path):
+    ref = fastsim.sweep(load_config(small), workers=1)
+    out = tmp_path / "dask.nc"
+    result = sweep_cli(small, "--scheduler", "local", "--workers", "2", "--out", out)
+    assert result.exit_code == 0, result.output
+    with xr.open_dataset(out) as ds:
+        xr.testing.assert_equal(ds.load().drop_vars(list(ds.coords)), ref.drop_vars(list(ref.coords)))
+
+
+def test_unreachable_scheduler_exits_2(small, tmp_path):
+    result = sweep_cli(small, "--scheduler", "tcp://127.0.0.1:1", "--out", tmp_path / "x.nc")
+    assert result.exit_code == 2 and "cannot reach a Dask scheduler" in result.stderr
+
+
+def test_sigkill_then_resume_gives_the_identical_dataset(tmp_path, root):
+    config = tmp_path / "slow.yaml"
+    config.write_text(
+        f"extends: {root / 'configs/h100.yaml'}\nworkload:\n  n_requests: 200000\n"
+        "sweep:\n  engine.policy: [static, continuous]\n  workload.rate: [4, 8, 16, 32, 64]\n"
+        "  engine.max_batch: [32, 64, 128, 256]\n"
+    )
+    out = tmp_path / "out.nc"
+    partial = checkpoint_path(out)
+    cmd = [sys.executable, "-m", "fastsim", "sweep", str(config), "--out", str(out), "--workers", "1", "--quiet"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    header = 21 + 32 + 16
+    record = 8 + 8 * len(METRICS)
+    while time.monotonic() < deadline:  # wait until some, not all, points are recorded
+        if partial.exists() and partial.stat().st_size >= header + record:
+            break
+        assert proc.poll() is None, proc.stderr.read()
+        time.sleep(0.01)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    done = (partial.stat().st_size - header) // record
+    assert 0 < done < 40, done
+    assert not out.exists()
+    # a torn write at the moment of the kill must not matter
+    with open(partial, "ab") as f:
+        f.write(b"\x01\x02\x03")
+    refused = sweep_cli(config, "--out", out, "--workers", "1")
+    assert refused.exit_code == 2 and "--resume" in refused.stderr
+    resumed = sweep_cli(config, "--out", out, "--workers", "2", "--resume")
+    assert resumed.exit_code == 0, resumed.output
+    assert not partial.exists()
+    with xr.open_dataset(out) as got:
+        xr.testing.assert_identical(got.load(), fastsim.sweep(load_config(config), workers=2))
+
+
+def test_resume_refuses_a_different_sweep(small, tmp_path):
+    out = tmp_path / "o.nc"
+    from fastsim.grid import Checkpoint
+
+    log = Checkpoint(checkpoint_path(out), load_config(small), 24)
+    log.open(resume=False)
+    log.close()
+    result = sweep_cli(small, "--out", out, "--resume", "--set", "workload.seed=8")
+    assert result.exit_code == 2 and "different sweep" in result.stderr
+
+
+def test_bad_axis_value_is_named_before_anything_runs(small, tmp_path):
+    result = sweep_cli(small, "--set", "sweep.workload.rate=[8, -1]", "--out", tmp_path / "x.nc")
+    assert result.exit_code == 2
+    assert "sweep axis 'workload.rate', value -1: workload.rate:" in result.stderr
+    bad_combo = sweep_cli(small, "--set", "sweep.workload.output.min=[1, 500]", "--set",
+                          "workload.output.max=100", "--out", tmp_path / "x.nc")
+    assert bad_combo.exit_code == 2 and "min (500) must not exceed max (100)" in bad_combo.stderr
+    assert not list(tmp_path.glob("x.nc*"))
+
+
+def test_seed_axis_summary_has_confidence_intervals(tmp_path, root):
+    path = tmp_path / "seeds.yaml"
+    path.write_text(f"extends: {root / 'configs/h100.yaml'}\nworkload:\n  n_requests: 1000\n"
+                    "sweep:\n  engine.policy: [static, continuous]\n  workload.seed: [1, 2, 3, 4]\n")
+    out = tmp_path / "s.nc"
+    result = sweep_cli(path, "--workers", "1", "--out", out)
+    assert result.exit_code == 0, result.output
+    assert "mean ± 95% CI over 4 seeds" in result.stdout
+    with xr.open_dataset(out) as ds:
+        assert ds.sizes["seed"] == 4
+        thr = ds.throughput_tok_s.sel(policy="continuous").values
+    mean, half = mean_ci(thr)
+    assert f"{mean:.0f} ± {half:.0f}" in result.stdout
+    assert mean_ci(np.array([1.0, 3.0])) == (2.0, pytest.approx(12.706 * np.sqrt(2) / np.sqrt(2)))
+
+
+def test_large_grid_gets_a_compact_summary(root, tmp_path):
+    result = sweep_cli(root / "configs/h100.yaml", "--set", "workload.n_requests=300", "--workers", "2",
+                       "--out", tmp_path / "h.nc")
+    assert result.exit_code == 0, result.output
+    assert "315 grid points: best throughput per policy" in result.stdout
+    assert sum(line.startswith((" static", " dynamic", " continuous")) for line in result.stdout.splitlines()) == 3
