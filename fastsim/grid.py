@@ -4,10 +4,9 @@ The table is a NumPy array of shape (*axis lengths, len(METRICS)) in C order (th
 varies fastest). Each point is a pure function of its config, so the table is bit-identical
 whatever runs it: in this process, a pool of worker processes, or a Dask cluster.
 
-Work goes out in blocks of points (sized to roughly half a second each) because a task costs
-about a millisecond to dispatch. Points that share workload values are put in the same block, so a
-block draws each distinct traffic once and every policy and batch size in it sees the same
-requests (common random numbers).
+Work goes out in blocks of points (roughly a quarter of a second each), since a task costs
+0.3 ms (process pool) to 2 ms (Dask) to dispatch. Points that share workload values are put in
+the same block, so a block draws each distinct traffic once.
 
 Completed blocks can be appended to a checkpoint file as they arrive; a sweep restarted from it
 runs only the missing points.
@@ -21,6 +20,7 @@ import json
 import math
 import multiprocessing
 import os
+from collections import deque
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
@@ -36,7 +36,7 @@ from .traffic import generate
 Point = dict[str, Any]
 Block = list[tuple[int, Point]]
 
-SECONDS_PER_BLOCK = 0.5
+SECONDS_PER_BLOCK = 0.25
 SECONDS_PER_REQUEST = 3e-7  # one point's traffic + kernel + metrics, per request, measured here
 
 
@@ -185,7 +185,7 @@ def _in_process(base: Config, blocks: list[Block]) -> Iterator[tuple[np.ndarray,
         yield run_block(base, block)
 
 
-def _warm_up() -> None:
+def warm_up() -> None:
     """Load (or compile) every kernel, so workers never compile concurrently."""
     from .kernels import POLICIES
 
@@ -194,13 +194,29 @@ def _warm_up() -> None:
         simulate(tiny.with_values({"engine.policy": policy}))
 
 
+def _pool_context() -> multiprocessing.context.BaseContext:
+    """The context for worker processes.
+
+    Workers are never forked from this process, which may have run threaded native code. Where
+    possible they fork from a forkserver that has imported fastsim and loaded the kernels once,
+    so each starts warm, and a cold Numba cache is filled by that one process only.
+    """
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(["fastsim._worker"])
+        return context
+    warm_up()  # spawned workers each load the kernels: fill the cache first so none compiles
+    return multiprocessing.get_context("spawn")
+
+
 def _process_pool(base: Config, blocks: list[Block], workers: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    # Not fork: a forked child of a process that ran threaded native code can deadlock.
-    method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method), initializer=_warm_up) as pool:
-        pending: set[Future] = {pool.submit(run_block, base, block) for block in blocks}
+    queue = deque(blocks)
+    with ProcessPoolExecutor(workers, mp_context=_pool_context(), initializer=warm_up) as pool:
+        pending: set[Future] = set()
         try:
-            while pending:
+            while queue or pending:  # a few blocks in flight per worker, so Ctrl-C stops soon
+                while queue and len(pending) < 2 * workers:
+                    pending.add(pool.submit(run_block, base, queue.popleft()))
                 finished, pending = wait(pending, return_when=FIRST_COMPLETED)
                 for future in finished:
                     yield future.result()
@@ -222,7 +238,7 @@ def _dask(base: Config, blocks: list[Block], scheduler: str, workers: int) -> It
         except (OSError, TimeoutError) as exc:
             raise ConfigError(f"--scheduler {scheduler}: cannot reach a Dask scheduler ({exc})") from None
     try:
-        client.run(_warm_up)
+        client.run(warm_up)
         futures = [client.submit(run_block, base, block, pure=False) for block in blocks]
         try:
             for future in as_completed(futures):
@@ -269,7 +285,6 @@ def run_grid(
     elif workers == 1 or len(blocks) == 1:
         results = _in_process(config, blocks)
     else:
-        _warm_up()  # fill Numba's cache before workers start, so they only load it
         results = _process_pool(config, blocks, workers)
     n_done = len(done)
     try:

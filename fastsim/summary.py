@@ -1,6 +1,6 @@
 """Human-readable summaries of a sweep Dataset: plain rows of strings for the CLI to print.
 
-A small grid is shown whole, one row per point, with the lesson's columns. A large one is shown
+A small grid is shown whole, one row per point, with the lesson's columns and TPOT p99. A large one is shown
 compactly: per policy, the point with the best throughput. With a ``seed`` axis, every figure is
 the mean across seeds with the half-width of its 95 % confidence interval (Student's t).
 """
@@ -23,6 +23,7 @@ COLUMNS = [
     ("ttft_p99_s", "TTFT p99", 1, "{:.2f}s"),
     ("e2e_p50_s", "e2e p50", 1, "{:.1f}s"),
     ("e2e_p99_s", "e2e p99", 1, "{:.1f}s"),
+    ("tpot_p99_s", "TPOT p99", 1000, "{:.1f}ms"),
 ]
 
 # Two-sided 95 % Student t quantiles for 1..30 degrees of freedom; beyond, the normal 1.96.

@@ -58,7 +58,7 @@ def run_both(config: Config):
     return traffic, fast, slow
 
 
-@settings(max_examples=400)
+@settings(max_examples=1000)
 @given(configs())
 def test_kernels_match_oracle_exactly(config):
     _, fast, (first_token, done, steps, busy, max_queue) = run_both(config)
