@@ -12,8 +12,18 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    Task,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
+from rich.text import Text
 
 from .config import Config, ConfigError, load_config, parse_override
 
@@ -52,6 +62,11 @@ def _print_table(title: str, headers: list[str], rows: list[list[str]], left: in
         table.add_row(*row)
     out.print(title, soft_wrap=True)
     out.print(table)
+
+
+class _RateColumn(ProgressColumn):
+    def render(self, task: Task) -> Text:
+        return Text(f"{task.speed:,.0f}/s" if task.speed else "", style="progress.data.speed")
 
 
 @app.command()
@@ -120,6 +135,7 @@ def sweep(
         BarColumn(),
         MofNCompleteColumn(),
         TextColumn("points"),
+        _RateColumn(),
         TimeElapsedColumn(),
         TextColumn("eta"),
         TimeRemainingColumn(),
@@ -127,17 +143,17 @@ def sweep(
         disable=quiet,
     )
     task = progress.add_task("sweep", total=None)
+
+    def on_progress(done: int, total: int) -> None:
+        if progress.tasks[0].total is None:  # first call: points resumed from a checkpoint are not speed
+            progress.reset(task, total=total, completed=done)
+        else:
+            progress.update(task, completed=done)
+
     started = time.perf_counter()
     try:
         with progress:
-            ds = sweep_to_file(
-                cfg,
-                target,
-                workers=workers,
-                scheduler=scheduler,
-                resume=resume,
-                on_progress=lambda done, total: progress.update(task, completed=done, total=total),
-            )
+            ds = sweep_to_file(cfg, target, workers=workers, scheduler=scheduler, resume=resume, on_progress=on_progress)
     except ConfigError as exc:
         raise _fail(str(exc)) from None
     except KeyboardInterrupt:

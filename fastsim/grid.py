@@ -20,6 +20,7 @@ import json
 import math
 import multiprocessing
 import os
+import signal
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from pathlib import Path
@@ -194,6 +195,12 @@ def warm_up() -> None:
         simulate(tiny.with_values({"engine.policy": policy}))
 
 
+def _init_pool_worker() -> None:
+    # Ctrl-C reaches the whole process group; the driver handles it and stops the pool.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    warm_up()
+
+
 def _pool_context() -> multiprocessing.context.BaseContext:
     """The context for worker processes.
 
@@ -211,7 +218,7 @@ def _pool_context() -> multiprocessing.context.BaseContext:
 
 def _process_pool(base: Config, blocks: list[Block], workers: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     queue = deque(blocks)
-    with ProcessPoolExecutor(workers, mp_context=_pool_context(), initializer=warm_up) as pool:
+    with ProcessPoolExecutor(workers, mp_context=_pool_context(), initializer=_init_pool_worker) as pool:
         pending: set[Future] = set()
         try:
             while queue or pending:  # a few blocks in flight per worker, so Ctrl-C stops soon

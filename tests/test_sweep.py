@@ -94,40 +94,63 @@ def test_unreachable_scheduler_exits_2(small, tmp_path):
     assert result.exit_code == 2 and "cannot reach a Dask scheduler" in result.stderr
 
 
-def test_sigkill_then_resume_gives_the_identical_dataset(tmp_path, root):
+@pytest.fixture
+def slow(tmp_path, root):
+    """40 points of 200,000 requests: several seconds, so a sweep can be stopped part-way."""
     config = tmp_path / "slow.yaml"
     config.write_text(
         f"extends: {root / 'configs/h100.yaml'}\nworkload:\n  n_requests: 200000\n"
         "sweep:\n  engine.policy: [static, continuous]\n  workload.rate: [4, 8, 16, 32, 64]\n"
         "  engine.max_batch: [32, 64, 128, 256]\n"
     )
-    out = tmp_path / "out.nc"
+    return config
+
+
+RECORD = 8 + 8 * len(METRICS)
+HEADER = 21 + 32 + 16
+
+
+def start_and_stop(config, out, workers, sig):
+    """Start a sweep in its own process group; once a point is recorded, send ``sig`` to the
+    group (as a terminal's Ctrl-C does). Returns (exit code, stderr, points recorded)."""
     partial = checkpoint_path(out)
-    cmd = [sys.executable, "-m", "fastsim", "sweep", str(config), "--out", str(out), "--workers", "1", "--quiet"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    cmd = [sys.executable, "-m", "fastsim", "sweep", str(config), "--out", str(out), "--workers", str(workers), "--quiet"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.monotonic() + 120
-    header = 21 + 32 + 16
-    record = 8 + 8 * len(METRICS)
-    while time.monotonic() < deadline:  # wait until some, not all, points are recorded
-        if partial.exists() and partial.stat().st_size >= header + record:
+    while time.monotonic() < deadline:
+        if partial.exists() and partial.stat().st_size >= HEADER + RECORD:
             break
         assert proc.poll() is None, proc.stderr.read()
         time.sleep(0.01)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    done = (partial.stat().st_size - header) // record
-    assert 0 < done < 40, done
+    os.killpg(proc.pid, sig)
+    _, stderr = proc.communicate(timeout=60)
+    return proc.returncode, stderr, (partial.stat().st_size - HEADER) // RECORD
+
+
+def test_sigkill_then_resume_gives_the_identical_dataset(slow, tmp_path):
+    out = tmp_path / "out.nc"
+    code, _, done = start_and_stop(slow, out, 1, signal.SIGKILL)
+    assert code == -signal.SIGKILL and 0 < done < 40, done
     assert not out.exists()
-    # a torn write at the moment of the kill must not matter
-    with open(partial, "ab") as f:
+    with open(checkpoint_path(out), "ab") as f:  # as if the kill had torn a write
         f.write(b"\x01\x02\x03")
-    refused = sweep_cli(config, "--out", out, "--workers", "1")
+    refused = sweep_cli(slow, "--out", out, "--workers", "1")
     assert refused.exit_code == 2 and "--resume" in refused.stderr
-    resumed = sweep_cli(config, "--out", out, "--workers", "2", "--resume")
+    resumed = sweep_cli(slow, "--out", out, "--workers", "2", "--resume")
     assert resumed.exit_code == 0, resumed.output
-    assert not partial.exists()
+    assert not checkpoint_path(out).exists()
     with xr.open_dataset(out) as got:
-        xr.testing.assert_identical(got.load(), fastsim.sweep(load_config(config), workers=2))
+        xr.testing.assert_identical(got.load(), fastsim.sweep(load_config(slow), workers=2))
+
+
+def test_ctrl_c_stops_cleanly_and_keeps_progress(slow, tmp_path):
+    out = tmp_path / "out.nc"
+    code, stderr, done = start_and_stop(slow, out, 2, signal.SIGINT)
+    assert code == 130 and done > 0
+    assert stderr.strip().splitlines() == [
+        f"error: interrupted; finished points are kept in {checkpoint_path(out)}: rerun with --resume"
+    ]  # and no traceback from the workers
+    assert not out.exists()
 
 
 def test_resume_refuses_a_different_sweep(small, tmp_path):
