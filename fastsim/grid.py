@@ -69,14 +69,17 @@ def validate_grid(config: Config) -> list[Point]:
 
 
 def run_block(base: Config, block: Block) -> tuple[np.ndarray, np.ndarray]:
-    """Simulate a block of points; returns (point indices, metrics rows). Runs in workers."""
-    traffic_cache: dict = {}
+    """Simulate a block of points; returns (point indices, metrics rows). Runs in workers.
+
+    Consecutive points with the same workload reuse one draw of traffic (blocks are grouped by
+    workload, so one draw is all that needs keeping).
+    """
     rows = np.empty((len(block), len(METRICS)))
+    workload, traffic = None, None
     for r, (_, point) in enumerate(block):
         config = base.with_values(point)
-        traffic = traffic_cache.get(config.workload)
-        if traffic is None:
-            traffic = traffic_cache[config.workload] = generate(config.workload)
+        if config.workload != workload:
+            workload, traffic = config.workload, generate(config.workload)
         rows[r] = list(simulate(config, traffic).metrics.values())
     return np.array([i for i, _ in block], dtype=np.int64), rows
 
@@ -176,10 +179,6 @@ class Checkpoint:
             os.close(self._fd)
             self._fd = None
 
-    def remove(self) -> None:
-        self.close()
-        self.path.unlink(missing_ok=True)
-
 
 def _in_process(base: Config, blocks: list[Block]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     for block in blocks:
@@ -272,9 +271,9 @@ def run_grid(
     ``scheduler``: a Dask scheduler address, or ``"local"`` for a local Dask cluster.
     ``checkpoint``: file to record finished points in; ``resume`` continues from it.
     """
+    if workers is not None and workers < 1:
+        raise ConfigError(f"workers must be at least 1 (got {workers})")
     workers = workers or os.cpu_count() or 1
-    if workers < 1:
-        raise ConfigError(f"--workers must be at least 1 (got {workers})")
     grid = validate_grid(config)
     table = np.full((len(grid), len(METRICS)), np.nan)
     log = Checkpoint(checkpoint, config, len(grid)) if checkpoint is not None else None
@@ -288,6 +287,7 @@ def run_grid(
     if not blocks:
         results: Iterator = iter(())
     elif scheduler is not None:
+        warm_up()  # fill Numba's cache here, so local Dask workers only load it
         results = _dask(config, blocks, scheduler, workers)
     elif workers == 1 or len(blocks) == 1:
         results = _in_process(config, blocks)
