@@ -9,3 +9,7 @@ from __future__ import annotations
 import numba
 
 jit = numba.njit(cache=True, nogil=True)
+
+# For small helpers of the kernels: inlined into their callers at Numba's IR level, so their
+# arguments and results stay in registers.
+inline = numba.njit(cache=True, nogil=True, inline="always")
