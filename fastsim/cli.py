@@ -163,7 +163,8 @@ def sweep(
     except OSError as exc:
         raise _fail(f"{target}: {exc.strerror or exc}") from None
     elapsed = time.perf_counter() - started
-    err.print(f"wrote {target} ({math.prod(ds.sizes.values())} points in {elapsed:.1f} s)")
+    n_points = math.prod(ds.sizes.values())
+    err.print(f"wrote {target} ({n_points} point{'s' * (n_points != 1)} in {elapsed:.1f} s)")
     title, headers, rows = summarize(ds)
     _print_table(title, headers, rows, left=len(headers) - len(COLUMNS))
 

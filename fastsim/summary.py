@@ -56,7 +56,9 @@ def _fmt(ds: xr.Dataset, column: tuple, seeds: bool) -> str:
 
 
 def _label(value) -> str:
-    return f"{value:g}" if isinstance(value, (float, np.floating)) else str(value)
+    if isinstance(value, (float, np.floating)):
+        return "null" if math.isnan(value) else f"{value:g}"  # NaN stands for null on an axis
+    return str(value)
 
 
 def summarize(ds: xr.Dataset) -> tuple[str, list[str], list[list[str]]]:
@@ -72,7 +74,7 @@ def summarize(ds: xr.Dataset) -> tuple[str, list[str], list[list[str]]]:
             point = ds.isel(dict(zip(dims, combo)))
             labels = [_label(point[d].item()) for d in dims]
             rows.append(labels + [_fmt(point, c, seeds) for c in COLUMNS])
-        return f"{n_rows} grid points{suffix}", dims + headers, rows
+        return f"{n_rows} grid point{'s' * (n_rows != 1)}{suffix}", dims + headers, rows
     # Compact: per policy (or overall), the point with the best mean throughput.
     thr = ds.throughput_tok_s.mean("seed") if "seed" in ds.dims else ds.throughput_tok_s
     groups = list(ds.policy.values) if "policy" in dims else [None]
