@@ -1,6 +1,6 @@
 """The one place that sets Numba flags for fastsim's kernels.
 
-``cache=True`` writes compiled machine code beside the package so later processes (sweep workers
+``cache=True`` writes compiled machine code beside the package so later processes (Dask workers
 included) load it instead of compiling; ``nogil=True`` lets threads run kernels in parallel.
 """
 

@@ -2,32 +2,14 @@
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Callable
 
+import xarray as xr
+
+from . import io
 from .config import Config, ConfigError
 from .grid import run_grid
-
-if TYPE_CHECKING:
-    import xarray as xr
-
-
-def _load_io() -> Any:
-    from . import io
-
-    io.warm_up()
-    return io
-
-
-def _run_and_label(config: Config, **grid_options: Any) -> tuple[xr.Dataset, Any]:
-    """Run the grid while a thread imports and warms the xarray layer (about a second of
-    first-use costs that would otherwise follow the sweep); returns (dataset, io module)."""
-    with ThreadPoolExecutor(1) as helper:
-        io_loaded = helper.submit(_load_io)
-        table = run_grid(config, **grid_options)
-        io = io_loaded.result()
-    return io.sweep_dataset(config, table), io
 
 
 def sweep(
@@ -39,11 +21,11 @@ def sweep(
     """Run every point of ``config.sweep`` and return them as an xarray Dataset.
 
     One dimension per axis (named by the key's last component), one variable per metric.
-    ``workers``: processes on this machine (default: all cores). ``scheduler``: a Dask scheduler
-    address (``tcp://host:8786``) or ``"local"`` to start a local Dask cluster.
+    ``workers``: threads on this machine (default: all cores; the kernels release the GIL).
+    ``scheduler``: a Dask scheduler address (``tcp://host:8786``) or ``"local"`` to start a
+    local Dask cluster.
     """
-    ds, _ = _run_and_label(config, workers=workers, scheduler=scheduler, on_progress=on_progress)
-    return ds
+    return io.sweep_dataset(config, run_grid(config, workers, scheduler, on_progress=on_progress))
 
 
 def checkpoint_path(out: Path) -> Path:
@@ -69,9 +51,8 @@ def sweep_to_file(
     if partial.exists() and not resume:
         raise ConfigError(f"{partial}: an interrupted sweep left this; pass --resume to continue it, or delete it")
     out.parent.mkdir(parents=True, exist_ok=True)
-    ds, io = _run_and_label(
-        config, workers=workers, scheduler=scheduler, checkpoint=partial, resume=resume, on_progress=on_progress
-    )
+    table = run_grid(config, workers, scheduler, checkpoint=partial, resume=resume, on_progress=on_progress)
+    ds = io.sweep_dataset(config, table)
     io.write_netcdf(ds, out)
     partial.unlink()
     return ds

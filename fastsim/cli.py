@@ -114,7 +114,7 @@ def sweep(
     out_path: Annotated[
         Optional[Path], typer.Option("--out", help="netCDF output (default: results/<config name>.nc).")
     ] = None,
-    workers: Annotated[Optional[int], typer.Option(help="Worker processes on this machine (default: all cores).", min=1)] = None,
+    workers: Annotated[Optional[int], typer.Option(help="Worker threads on this machine (default: all cores).", min=1)] = None,
     scheduler: Annotated[
         Optional[str], typer.Option(help="Dask scheduler address (tcp://host:8786), or 'local'.")
     ] = None,

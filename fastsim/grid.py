@@ -2,11 +2,11 @@
 
 The table is a NumPy array of shape (*axis lengths, len(METRICS)) in C order (the last axis
 varies fastest). Each point is a pure function of its config, so the table is bit-identical
-whatever runs it: in this process, a pool of worker processes, or a Dask cluster.
+whatever runs it: this thread, a pool of worker threads, or a Dask cluster.
 
-Work goes out in blocks of points (roughly a quarter of a second each), since a task costs
-0.3 ms (process pool) to 2 ms (Dask) to dispatch. Points that share workload values are put in
-the same block, so a block draws each distinct traffic once.
+Work goes out in blocks of points (roughly a quarter of a second each), since a task costs up to
+2 ms (Dask) to dispatch. Points that share workload values are put in the same block, so a block
+draws each distinct traffic once.
 
 Completed blocks can be appended to a checkpoint file as they arrive; a sweep restarted from it
 runs only the missing points.
@@ -18,11 +18,9 @@ import hashlib
 import itertools
 import json
 import math
-import multiprocessing
 import os
-import signal
 from collections import deque
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
@@ -186,7 +184,7 @@ def _in_process(base: Config, blocks: list[Block]) -> Iterator[tuple[np.ndarray,
 
 
 def warm_up() -> None:
-    """Load (or compile) every kernel, so workers never compile concurrently."""
+    """Load (or compile) every kernel, so that workers never compile concurrently."""
     from .kernels import POLICIES
 
     tiny = Config().with_values({"workload.n_requests": 2})
@@ -194,30 +192,12 @@ def warm_up() -> None:
         simulate(tiny.with_values({"engine.policy": policy}))
 
 
-def _init_pool_worker() -> None:
-    # Ctrl-C reaches the whole process group; the driver handles it and stops the pool.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    warm_up()
-
-
-def _pool_context() -> multiprocessing.context.BaseContext:
-    """The context for worker processes.
-
-    Workers are never forked from this process, which may have run threaded native code. Where
-    possible they fork from a forkserver that has imported fastsim and loaded the kernels once,
-    so each starts warm, and a cold Numba cache is filled by that one process only.
-    """
-    if "forkserver" in multiprocessing.get_all_start_methods():
-        context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(["fastsim._worker"])
-        return context
-    warm_up()  # spawned workers each load the kernels: fill the cache first so none compiles
-    return multiprocessing.get_context("spawn")
-
-
-def _process_pool(base: Config, blocks: list[Block], workers: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def _threads(base: Config, blocks: list[Block], workers: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Run blocks on worker threads: the kernels release the GIL (``nogil``), the Python around
+    them is a few percent of a point, and threads cost nothing to start (no imports, no Numba
+    start-up per process)."""
     queue = deque(blocks)
-    with ProcessPoolExecutor(workers, mp_context=_pool_context(), initializer=_init_pool_worker) as pool:
+    with ThreadPoolExecutor(workers, thread_name_prefix="fastsim") as pool:
         pending: set[Future] = set()
         try:
             while queue or pending:  # a few blocks in flight per worker, so Ctrl-C stops soon
@@ -267,7 +247,7 @@ def run_grid(
 ) -> np.ndarray:
     """Run every grid point; returns the metrics table (shape (*axes, len(METRICS))).
 
-    ``workers``: processes on this machine (default: every core; 1 runs in this process).
+    ``workers``: threads on this machine (default: every core; 1 runs in the calling thread).
     ``scheduler``: a Dask scheduler address, or ``"local"`` for a local Dask cluster.
     ``checkpoint``: file to record finished points in; ``resume`` continues from it.
     """
@@ -292,7 +272,8 @@ def run_grid(
     elif workers == 1 or len(blocks) == 1:
         results = _in_process(config, blocks)
     else:
-        results = _process_pool(config, blocks, workers)
+        warm_up()  # compile or load once, before threads call the kernels
+        results = _threads(config, blocks, workers)
     n_done = len(done)
     try:
         for indices, rows in results:

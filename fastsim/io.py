@@ -88,11 +88,6 @@ def requests_dataset(result: Result) -> xr.Dataset:
     return ds
 
 
-def warm_up() -> None:
-    """Pay xarray's first-use costs (lazy imports, about half a second) on a tiny dataset."""
-    xr.Dataset({"x": (("a", "b"), np.zeros((2, 2)))}, {"a": ["p", "q"], "b": [1.0, np.nan]})
-
-
 def write_netcdf(ds: xr.Dataset, path: str | Path) -> Path:
     """Write ``ds`` compressed (zlib 4 + shuffle) to ``path`` atomically."""
     path = Path(path)
