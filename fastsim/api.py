@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-import xarray as xr
+import numpy as np
 
 from . import io
 from .config import Config, ConfigError
 from .grid import run_grid
+
+if TYPE_CHECKING:
+    import xarray as xr
 
 
 def sweep(
@@ -40,8 +43,9 @@ def sweep_to_file(
     scheduler: str | None = None,
     resume: bool = False,
     on_progress: Callable[[int, int], None] | None = None,
-) -> xr.Dataset:
-    """Like :func:`sweep`, writing netCDF to ``out`` atomically, resumable after any crash.
+) -> np.ndarray:
+    """Run the grid like :func:`sweep`, writing netCDF to ``out`` atomically, resumable after any
+    crash; returns the metrics table (shape (*axes, len(METRICS))).
 
     Finished points are recorded in ``<out>.partial`` as they arrive; ``resume=True`` runs only
     the points missing from it. The record is deleted once ``out`` is written.
@@ -52,7 +56,6 @@ def sweep_to_file(
         raise ConfigError(f"{partial}: an interrupted sweep left this; pass --resume to continue it, or delete it")
     out.parent.mkdir(parents=True, exist_ok=True)
     table = run_grid(config, workers, scheduler, checkpoint=partial, resume=resume, on_progress=on_progress)
-    ds = io.sweep_dataset(config, table)
-    io.write_netcdf(ds, out)
+    io.sweep_layout(config, table).write(out)
     partial.unlink()
-    return ds
+    return table

@@ -88,10 +88,10 @@ def run(
         raise _fail(str(exc)) from None
     result = simulate(cfg)
     if requests_out is not None:
-        from .io import requests_dataset, write_netcdf
+        from .io import requests_layout
 
         try:
-            write_netcdf(requests_dataset(result), requests_out)
+            requests_layout(result).write(requests_out)
         except OSError as exc:
             raise _fail(f"--requests-out {requests_out}: {exc.strerror or exc}") from None
     if as_json:
@@ -153,7 +153,9 @@ def sweep(
     started = time.perf_counter()
     try:
         with progress:
-            ds = sweep_to_file(cfg, target, workers=workers, scheduler=scheduler, resume=resume, on_progress=on_progress)
+            table = sweep_to_file(
+                cfg, target, workers=workers, scheduler=scheduler, resume=resume, on_progress=on_progress
+            )
     except ConfigError as exc:
         raise _fail(str(exc)) from None
     except KeyboardInterrupt:
@@ -163,9 +165,9 @@ def sweep(
     except OSError as exc:
         raise _fail(f"{target}: {exc.strerror or exc}") from None
     elapsed = time.perf_counter() - started
-    n_points = math.prod(ds.sizes.values())
+    n_points = table.size // table.shape[-1]
     err.print(f"wrote {target} ({n_points} point{'s' * (n_points != 1)} in {elapsed:.1f} s)")
-    title, headers, rows = summarize(ds)
+    title, headers, rows = summarize(cfg, table)
     _print_table(title, headers, rows, left=len(headers) - len(COLUMNS))
 
 

@@ -1,24 +1,30 @@
-"""Labelled output: xarray Datasets of sweep grids and per-request results, written as netCDF4.
+"""Labelled output: sweep grids and per-request results as xarray Datasets and netCDF4 files.
 
-Only this layer knows about xarray. Files are written whole to a temporary name beside the target
-and renamed into place, so a reader never sees a half-written file.
+One layout (dimensions, coordinates, variables, attributes) describes each output; it becomes an
+xarray Dataset for the Python API, or is written straight to netCDF4 with the netCDF4 library
+(a sweep from the CLI never pays for importing xarray, and Dask with it). Files are written
+whole to a temporary name beside the target and renamed into place, so a reader never sees a
+half-written file. Opened with xarray, a written file equals the in-memory Dataset.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
-import xarray as xr
 import yaml
 
 from . import __version__
 from .config import Config
 from .metrics import INTEGER_METRICS, METRICS
 from .simulation import Result
+
+if TYPE_CHECKING:
+    import xarray as xr
 
 # Units of sweep coordinates, by axis name; axes not listed are dimensionless.
 AXIS_UNITS = {
@@ -35,6 +41,49 @@ AXIS_UNITS = {
     "max": "tokens",
     "value": "tokens",
 }
+
+
+@dataclass(frozen=True)
+class Layout:
+    """An output's structure: {name: (dims, values, attrs)} for coordinates and data."""
+
+    coords: dict[str, tuple[tuple[str, ...], np.ndarray, dict[str, str]]]
+    data: dict[str, tuple[tuple[str, ...], np.ndarray, dict[str, str]]]
+    attrs: dict[str, Any]
+
+    def to_dataset(self) -> xr.Dataset:
+        import xarray as xr
+
+        return xr.Dataset(
+            {k: xr.Variable(*v) for k, v in self.data.items()},
+            {k: xr.Variable(*v) for k, v in self.coords.items()},
+            attrs=self.attrs,
+        )
+
+    def write(self, path: str | Path) -> Path:
+        """Write as netCDF4 (data compressed: zlib 4 + shuffle) to ``path`` atomically."""
+        import netCDF4
+
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
+        try:
+            with netCDF4.Dataset(tmp, "w", format="NETCDF4") as nc:
+                for name, (_, values, _) in self.coords.items():
+                    nc.createDimension(name, values.size)
+                for name, (dims, values, attrs) in (*self.coords.items(), *self.data.items()):
+                    kind = str if values.dtype.kind in "UO" else values.dtype
+                    compress = name in self.data and values.ndim > 0
+                    var = nc.createVariable(name, kind, dims, zlib=compress, complevel=4, shuffle=compress)
+                    var.setncatts(attrs)
+                    var[...] = values.astype(object) if kind is str else values
+                nc.setncatts(self.attrs)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return path
 
 
 def _provenance(config: Config) -> dict[str, str]:
@@ -55,25 +104,30 @@ def _coordinate(values: Sequence[Any]) -> np.ndarray:
     return np.asarray(values)
 
 
-def sweep_dataset(config: Config, table: np.ndarray) -> xr.Dataset:
+def sweep_layout(config: Config, table: np.ndarray) -> Layout:
     """Label a grid of metrics: ``table`` has shape (*axis lengths, len(METRICS)), C order."""
-    dims = [key.rsplit(".", 1)[-1] for key in config.sweep]
+    dims = tuple(key.rsplit(".", 1)[-1] for key in config.sweep)
     coords = {}
     for dim, (key, values) in zip(dims, config.sweep.items()):
         attrs = {"config_key": key}
         if dim in AXIS_UNITS:
             attrs["units"] = AXIS_UNITS[dim]
-        coords[dim] = xr.Variable(dim, _coordinate(values), attrs)
+        coords[dim] = ((dim,), _coordinate(values), attrs)
     data = {}
     for k, (name, (units, long_name)) in enumerate(METRICS.items()):
         values = table[..., k]
         if name in INTEGER_METRICS:
             values = values.astype(np.int64)
-        data[name] = xr.Variable(dims, values, {"units": units, "long_name": long_name})
-    return xr.Dataset(data, coords, attrs=_provenance(config))
+        data[name] = (dims, values, {"units": units, "long_name": long_name})
+    return Layout(coords, data, _provenance(config))
 
 
-def requests_dataset(result: Result) -> xr.Dataset:
+def sweep_dataset(config: Config, table: np.ndarray) -> xr.Dataset:
+    """The sweep grid as an xarray Dataset (see :func:`sweep_layout`)."""
+    return sweep_layout(config, table).to_dataset()
+
+
+def requests_layout(result: Result) -> Layout:
     """Per-request results along a ``request`` dimension, metrics as global attributes."""
     fields = {
         "arrival_s": (result.arrival_s, "s", "arrival time"),
@@ -82,23 +136,7 @@ def requests_dataset(result: Result) -> xr.Dataset:
         "first_token_s": (result.first_token_s, "s", "end of the step that produced the first token"),
         "done_s": (result.done_s, "s", "end of the step that produced the last token"),
     }
-    data = {name: ("request", v, {"units": u, "long_name": ln}) for name, (v, u, ln) in fields.items()}
-    ds = xr.Dataset(data, {"request": np.arange(result.arrival_s.size)}, attrs=_provenance(result.config))
-    ds.attrs.update({f"metric_{k}": v for k, v in result.metrics.items()})
-    return ds
-
-
-def write_netcdf(ds: xr.Dataset, path: str | Path) -> Path:
-    """Write ``ds`` compressed (zlib 4 + shuffle) to ``path`` atomically."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    encoding = {name: {"zlib": True, "complevel": 4, "shuffle": True} for name in ds.data_vars}
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        ds.to_netcdf(tmp, engine="netcdf4", format="NETCDF4", encoding=encoding)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    data = {name: (("request",), v, {"units": u, "long_name": ln}) for name, (v, u, ln) in fields.items()}
+    coords = {"request": (("request",), np.arange(result.arrival_s.size), {})}
+    attrs = {**_provenance(result.config), **{f"metric_{k}": v for k, v in result.metrics.items()}}
+    return Layout(coords, data, attrs)

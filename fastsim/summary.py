@@ -1,18 +1,21 @@
-"""Human-readable summaries of a sweep Dataset: plain rows of strings for the CLI to print.
+"""Human-readable summaries of a sweep's metrics table: plain rows of strings for the CLI.
 
-A small grid is shown whole, one row per point, with the lesson's columns and TPOT p99. A large one is shown
-compactly: per policy, the point with the best throughput. With a ``seed`` axis, every figure is
+A small grid is shown whole, one row per point, with the lesson's columns and TPOT p99. A large
+one is shown compactly: per policy, the point with the best throughput. With a ``seed`` axis, every figure is
 the mean across seeds with the half-width of its 95 % confidence interval (Student's t).
 """
 
 from __future__ import annotations
 
-import itertools
 import math
+from typing import Any
 
 import numpy as np
-import xarray as xr
 
+from .config import Config
+from .metrics import METRICS
+
+METRIC_INDEX = {name: k for k, name in enumerate(METRICS)}
 FULL_TABLE_MAX_ROWS = 40
 
 # (metric, header, scale, format)
@@ -46,45 +49,53 @@ def mean_ci(values: np.ndarray) -> tuple[float, float]:
     return mean, t95(n - 1) * float(values.std(ddof=1)) / math.sqrt(n)
 
 
-def _fmt(ds: xr.Dataset, column: tuple, seeds: bool) -> str:
+def _cell(samples: np.ndarray, column: tuple) -> str:
+    """One figure: a metric over the seeds of one point (a single value without a seed axis)."""
     name, _, scale, fmt = column
-    values = ds[name].values * scale
-    if not seeds:  # a single value (or a seed axis of length 1)
-        return fmt.format(float(np.mean(values)))
+    values = samples[:, METRIC_INDEX[name]] * scale
+    if values.size == 1:
+        return fmt.format(float(values[0]))
     mean, half = mean_ci(values)
     return fmt.format(mean) if math.isnan(half) else f"{fmt.format(mean)} ± {fmt.format(half)}"
 
 
-def _label(value) -> str:
-    if isinstance(value, (float, np.floating)):
-        return "null" if math.isnan(value) else f"{value:g}"  # NaN stands for null on an axis
-    return str(value)
+def _label(value: Any) -> str:
+    if value is None:
+        return "null"
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def summarize(ds: xr.Dataset) -> tuple[str, list[str], list[list[str]]]:
-    """(title, column headers, rows) describing a sweep Dataset."""
-    seeds = "seed" in ds.dims and ds.sizes["seed"] > 1
-    dims = [d for d in ds[next(iter(ds.data_vars))].dims if d != "seed"]
-    n_rows = math.prod(ds.sizes[d] for d in dims)
-    suffix = f" (mean ± 95% CI over {ds.sizes['seed']} seeds)" if seeds else ""
+def summarize(config: Config, table: np.ndarray) -> tuple[str, list[str], list[list[str]]]:
+    """(title, column headers, rows) describing a sweep's metrics ``table``, which has shape
+    (*axis lengths, len(METRICS)) with axes in the order of ``config.sweep``."""
+    axes = {key.rsplit(".", 1)[-1]: values for key, values in config.sweep.items()}
+    dims = [d for d in axes if d != "seed"]
+    if "seed" in axes:  # seeds become the second-to-last axis: (*dims, seed, metric)
+        table = np.moveaxis(table, list(axes).index("seed"), -2)
+    else:
+        table = table[..., np.newaxis, :]
+    n_seeds = table.shape[-2]
+    suffix = f" (mean ± 95% CI over {n_seeds} seeds)" if n_seeds > 1 else ""
     headers = [h for _, h, _, _ in COLUMNS]
+    shape = table.shape[:-2]
+    n_rows = math.prod(shape)
+
+    def row(index: tuple[int, ...], skip: str | None = None) -> list[str]:
+        labels = [_label(axes[d][i]) for d, i in zip(dims, index) if d != skip]
+        return labels + [_cell(table[index], c) for c in COLUMNS]
+
     if n_rows <= FULL_TABLE_MAX_ROWS:
-        rows = []
-        for combo in itertools.product(*(range(ds.sizes[d]) for d in dims)):
-            point = ds.isel(dict(zip(dims, combo)))
-            labels = [_label(point[d].item()) for d in dims]
-            rows.append(labels + [_fmt(point, c, seeds) for c in COLUMNS])
+        rows = [row(index) for index in np.ndindex(*shape)]
         return f"{n_rows} grid point{'s' * (n_rows != 1)}{suffix}", dims + headers, rows
     # Compact: per policy (or overall), the point with the best mean throughput.
-    thr = ds.throughput_tok_s.mean("seed") if "seed" in ds.dims else ds.throughput_tok_s
-    groups = list(ds.policy.values) if "policy" in dims else [None]
-    rest = [d for d in dims if d != "policy"]
+    throughput = table[..., METRIC_INDEX["throughput_tok_s"]].mean(axis=-1)
+    p = dims.index("policy") if "policy" in dims else None
     rows = []
-    for policy in groups:
-        sub = thr if policy is None else thr.sel(policy=policy)
-        best = dict(zip(rest, np.unravel_index(int(np.nanargmax(sub.values)), sub.shape)))
-        point = (ds if policy is None else ds.sel(policy=policy)).isel(best)
-        labels = [_label(point[d].item()) for d in rest]
-        rows.append([str(policy or "all")] + labels + [_fmt(point, c, seeds) for c in COLUMNS])
+    for k, policy in enumerate(axes["policy"] if p is not None else [None]):
+        sub = throughput if p is None else np.take(throughput, [k], axis=p)
+        index = np.unravel_index(int(np.nanargmax(sub)), sub.shape)
+        if p is not None:
+            index = index[:p] + (k,) + index[p + 1 :]
+        rows.append([str(policy or "all")] + row(index, skip="policy"))
     title = f"{n_rows} grid points: best throughput per policy{suffix}"
-    return title, ["policy"] + rest + headers, rows
+    return title, ["policy"] + [d for d in dims if d != "policy"] + headers, rows
