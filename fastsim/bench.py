@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import kernels, metrics
+from . import kernels
 from .config import Config
+from .simulation import measure
 from .traffic import generate
 
 
@@ -84,12 +85,6 @@ def bench(
             first_call_s, _ = _best_of(1, lambda: kernels.run(config, tiny))
             kernel_s, out = _best_of(repeats, lambda: kernels.run(config, traffic))
             _check(config, out, traffic.output_tokens, traffic.arrival_s)
-            metrics_s, _ = _best_of(
-                repeats,
-                lambda: metrics.compute(
-                    traffic.arrival_s, traffic.output_tokens, out.first_token_s, out.done_s,
-                    out.steps, out.busy_slot_steps, out.max_queue, config.engine.max_batch,
-                ),
-            )
+            metrics_s, _ = _best_of(repeats, lambda: measure(config, traffic, out))
             rows.append(BenchRow(policy, rate, n_requests, first_call_s, traffic_s, kernel_s, metrics_s, out.steps))
     return rows

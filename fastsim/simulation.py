@@ -24,14 +24,9 @@ class Result:
     done_s: np.ndarray
 
 
-def simulate(config: Config, traffic: Traffic | None = None) -> Result:
-    """Run one scenario: ``config``'s base values (its ``sweep:`` grid is ignored).
-
-    ``traffic`` may be passed to reuse arrays already drawn for ``config.workload``.
-    """
-    traffic = generate(config.workload) if traffic is None else traffic
-    out = kernels.run(config, traffic)
-    values = metrics.compute(
+def measure(config: Config, traffic: Traffic, out: kernels.Outcome) -> dict[str, float]:
+    """The metrics of a kernel's outcome on ``traffic``."""
+    return metrics.compute(
         traffic.arrival_s,
         traffic.output_tokens,
         out.first_token_s,
@@ -41,6 +36,21 @@ def simulate(config: Config, traffic: Traffic | None = None) -> Result:
         out.max_queue,
         config.engine.max_batch,
     )
+
+
+def simulate(config: Config, traffic: Traffic | None = None) -> Result:
+    """Run one scenario: ``config``'s base values (its ``sweep:`` grid is ignored).
+
+    ``traffic`` may be passed to reuse arrays already drawn for ``config.workload``.
+    """
+    traffic = generate(config.workload) if traffic is None else traffic
+    out = kernels.run(config, traffic)
     return Result(
-        config, values, traffic.arrival_s, traffic.prompt_tokens, traffic.output_tokens, out.first_token_s, out.done_s
+        config,
+        measure(config, traffic, out),
+        traffic.arrival_s,
+        traffic.prompt_tokens,
+        traffic.output_tokens,
+        out.first_token_s,
+        out.done_s,
     )

@@ -17,7 +17,6 @@ shifts the arrival stream.
 
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import dataclass
 
