@@ -114,7 +114,9 @@ def sweep(
     out_path: Annotated[
         Optional[Path], typer.Option("--out", help="netCDF output (default: results/<config name>.nc).")
     ] = None,
-    workers: Annotated[Optional[int], typer.Option(help="Worker threads on this machine (default: all cores).", min=1)] = None,
+    workers: Annotated[
+        Optional[int], typer.Option(help="Worker threads on this machine (default: all cores).", min=1)
+    ] = None,
     scheduler: Annotated[
         Optional[str], typer.Option(help="Dask scheduler address (tcp://host:8786), or 'local'.")
     ] = None,
@@ -159,9 +161,9 @@ def sweep(
     except ConfigError as exc:
         raise _fail(str(exc)) from None
     except KeyboardInterrupt:
-        raise _fail(
-            f"interrupted; finished points are kept in {checkpoint_path(target)}: rerun with --resume", 130
-        ) from None
+        kept = checkpoint_path(target)
+        hint = f"; finished points are kept in {kept}: rerun with --resume" if kept.exists() else ""
+        raise _fail(f"interrupted{hint}", 130) from None
     except OSError as exc:
         raise _fail(f"{target}: {exc.strerror or exc}") from None
     elapsed = time.perf_counter() - started
