@@ -2,12 +2,14 @@
 
 All times are seconds from t=0. The p-quantile of n values is the sorted value at index
 ``floor(p * n)`` clipped to ``n - 1`` (the lesson's rule); only those order statistics are selected
-(``np.partition``), never a full sort.
+(partitioning), never a full sort.
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+from ._jit import jit
 
 # name -> (units, long_name); the order is the order of tables and dataset variables.
 METRICS: dict[str, tuple[str, str]] = {
@@ -33,14 +35,43 @@ METRICS: dict[str, tuple[str, str]] = {
 INTEGER_METRICS = frozenset({"max_queue", "steps"})
 
 
-def quantiles(values: np.ndarray, ps: tuple[float, ...]) -> list[float]:
-    """The lesson's quantiles of ``values`` (NaN for an empty array)."""
-    n = values.size
+def _select(work: np.ndarray, ps: tuple[float, ...]) -> list[float]:
+    """The lesson's quantiles of ``work``, which is reordered in place.
+
+    One single-index partition per order statistic, largest first, each on the part below the
+    previous one: several times faster than one ``np.partition`` call with several indices.
+    """
+    n = work.size
     if n == 0:
         return [float("nan")] * len(ps)
     idx = [min(n - 1, int(p * n)) for p in ps]
-    part = np.partition(values, sorted(set(idx)))
-    return [float(part[i]) for i in idx]
+    end = n
+    for k in sorted(set(idx), reverse=True):
+        work[:end].partition(k)  # work[:k] now holds the k smallest values of work[:end]
+        end = k
+    return [float(work[i]) for i in idx]
+
+
+def quantiles(values: np.ndarray, ps: tuple[float, ...]) -> list[float]:
+    """The lesson's quantiles of ``values`` (NaN for an empty array)."""
+    return _select(np.array(values, dtype=float), ps)
+
+
+@jit
+def _latencies(arrival, output, first_token, done):
+    """Per-request TTFT and e2e (n,), and TPOT for the m requests with output > 1 (m,)."""
+    n = arrival.size
+    ttft = np.empty(n)
+    e2e = np.empty(n)
+    tpot = np.empty(n)
+    m = 0
+    for i in range(n):
+        ttft[i] = first_token[i] - arrival[i]
+        e2e[i] = done[i] - arrival[i]
+        if output[i] > 1:
+            tpot[m] = (done[i] - first_token[i]) / (output[i] - 1)
+            m += 1
+    return ttft, e2e, tpot[:m]
 
 
 def compute(
@@ -55,13 +86,11 @@ def compute(
 ) -> dict[str, float]:
     """Every metric of :data:`METRICS` for one run (requests must all have finished)."""
     span = float(done.max())
-    ttft = first_token - arrival
-    e2e = done - arrival
-    multi = output > 1
-    tpot = (done[multi] - first_token[multi]) / (output[multi] - 1)
-    ttft_q = quantiles(ttft, (0.5, 0.9, 0.99))
-    e2e_q = quantiles(e2e, (0.5, 0.9, 0.99))
-    tpot_q = quantiles(tpot, (0.5, 0.99))
+    ttft, e2e, tpot = _latencies(arrival, output, first_token, done)
+    ttft_mean, e2e_mean = float(ttft.mean()), float(e2e.mean())  # before _select reorders them
+    ttft_q = _select(ttft, (0.5, 0.9, 0.99))
+    e2e_q = _select(e2e, (0.5, 0.9, 0.99))
+    tpot_q = _select(tpot, (0.5, 0.99))
     return {
         "throughput_tok_s": float(output.sum()) / span,
         "request_rate_rps": arrival.size / span,
@@ -70,11 +99,11 @@ def compute(
         "ttft_p50_s": ttft_q[0],
         "ttft_p90_s": ttft_q[1],
         "ttft_p99_s": ttft_q[2],
-        "ttft_mean_s": float(ttft.mean()),
+        "ttft_mean_s": ttft_mean,
         "e2e_p50_s": e2e_q[0],
         "e2e_p90_s": e2e_q[1],
         "e2e_p99_s": e2e_q[2],
-        "e2e_mean_s": float(e2e.mean()),
+        "e2e_mean_s": e2e_mean,
         "tpot_p50_s": tpot_q[0],
         "tpot_p99_s": tpot_q[1],
         "max_queue": max_queue,
