@@ -21,17 +21,22 @@ from fastsim.metrics import METRICS
 from fastsim.summary import mean_ci
 
 
+def h100_study(path, root, body):
+    """Write a study at ``path`` that extends configs/h100.yaml with ``body``."""
+    path.write_text(f"extends: {root / 'configs/h100.yaml'}\n{body}")
+    return path
+
+
 @pytest.fixture
 def small(tmp_path, root):
     """h100 with a small grid: 3 policies x 2 batch sizes x 2 rates x 2 caps = 24 points."""
-    path = tmp_path / "small.yaml"
-    path.write_text(
-        f"extends: {root / 'configs/h100.yaml'}\n"
+    return h100_study(
+        tmp_path / "small.yaml",
+        root,
         "workload:\n  n_requests: 2000\n"
         "sweep:\n  engine.policy: [static, dynamic, continuous]\n  engine.max_batch: [16, 64]\n"
-        "  workload.rate: [8, 40]\n  engine.max_concurrent: [null, 8]\n"
+        "  workload.rate: [8, 40]\n  engine.max_concurrent: [null, 8]\n",
     )
-    return path
 
 
 def sweep_cli(*args):
@@ -97,13 +102,13 @@ def test_unreachable_scheduler_exits_2(small, tmp_path):
 @pytest.fixture
 def slow(tmp_path, root):
     """40 points of 200,000 requests: several seconds, so a sweep can be stopped part-way."""
-    config = tmp_path / "slow.yaml"
-    config.write_text(
-        f"extends: {root / 'configs/h100.yaml'}\nworkload:\n  n_requests: 200000\n"
+    return h100_study(
+        tmp_path / "slow.yaml",
+        root,
+        "workload:\n  n_requests: 200000\n"
         "sweep:\n  engine.policy: [static, continuous]\n  workload.rate: [4, 8, 16, 32, 64]\n"
-        "  engine.max_batch: [32, 64, 128, 256]\n"
+        "  engine.max_batch: [32, 64, 128, 256]\n",
     )
-    return config
 
 
 RECORD = 8 + 8 * len(METRICS)
@@ -175,9 +180,8 @@ def test_bad_axis_value_is_named_before_anything_runs(small, tmp_path):
 
 
 def test_seed_axis_summary_has_confidence_intervals(tmp_path, root):
-    path = tmp_path / "seeds.yaml"
-    path.write_text(f"extends: {root / 'configs/h100.yaml'}\nworkload:\n  n_requests: 1000\n"
-                    "sweep:\n  engine.policy: [static, continuous]\n  workload.seed: [1, 2, 3, 4]\n")
+    path = h100_study(tmp_path / "seeds.yaml", root, "workload:\n  n_requests: 1000\n"
+                      "sweep:\n  engine.policy: [static, continuous]\n  workload.seed: [1, 2, 3, 4]\n")
     out = tmp_path / "s.nc"
     result = sweep_cli(path, "--workers", "1", "--out", out)
     assert result.exit_code == 0, result.output
