@@ -183,7 +183,7 @@ def _in_process(base: Config, blocks: list[Block]) -> Iterator[tuple[np.ndarray,
         yield run_block(base, block)
 
 
-def warm_up() -> None:
+def _warm_up() -> None:
     """Load (or compile) every kernel, so that workers never compile concurrently."""
     from .kernels import POLICIES
 
@@ -224,7 +224,7 @@ def _dask(base: Config, blocks: list[Block], scheduler: str, workers: int) -> It
         except (OSError, TimeoutError) as exc:
             raise ConfigError(f"--scheduler {scheduler}: cannot reach a Dask scheduler ({exc})") from None
     try:
-        client.run(warm_up)
+        client.run(_warm_up)
         futures = [client.submit(run_block, base, block, pure=False) for block in blocks]
         try:
             for future in as_completed(futures):
@@ -267,12 +267,12 @@ def run_grid(
     if not blocks:
         results: Iterator = iter(())
     elif scheduler is not None:
-        warm_up()  # fill Numba's cache here, so local Dask workers only load it
+        _warm_up()  # fill Numba's cache here, so local Dask workers only load it
         results = _dask(config, blocks, scheduler, workers)
     elif workers == 1 or len(blocks) == 1:
         results = _in_process(config, blocks)
     else:
-        warm_up()  # compile or load once, before threads call the kernels
+        _warm_up()  # compile or load once, before threads call the kernels
         results = _threads(config, blocks, workers)
     n_done = len(done)
     try:
