@@ -2,17 +2,28 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from . import io
+from . import io, memory
 from .config import Config, ConfigError
-from .grid import run_grid
+from .files import output_lock
+from .grid import Grid, build_grid, run_grid
 
 if TYPE_CHECKING:
     import xarray as xr
+
+
+def _grid(config: Config, workers: int | None, scheduler: str | None, max_memory: int | None) -> Grid:
+    """Validate the grid, and check that its largest point fits in memory on every local worker."""
+    grid = build_grid(config)
+    largest = config.at({"workload.n_requests": grid.max_requests})
+    local = scheduler is None or scheduler == "local"
+    memory.check(largest, (workers or os.cpu_count() or 1) if local else 0, grid.size, max_memory)
+    return grid
 
 
 def sweep(
@@ -20,15 +31,17 @@ def sweep(
     workers: int | None = None,
     scheduler: str | None = None,
     on_progress: Callable[[int, int], None] | None = None,
+    max_memory: int | None = None,
 ) -> xr.Dataset:
     """Run every point of ``config.sweep`` and return them as an xarray Dataset.
 
     One dimension per axis (named by the key's last component), one variable per metric.
     ``workers``: threads on this machine (default: all cores; the kernels release the GIL).
     ``scheduler``: a Dask scheduler address (``tcp://host:8786``) or ``"local"`` to start a
-    local Dask cluster.
+    local Dask cluster. ``max_memory``: bytes the sweep may use (default: what is available).
     """
-    return io.sweep_dataset(config, run_grid(config, workers, scheduler, on_progress=on_progress))
+    grid = _grid(config, workers, scheduler, max_memory)
+    return io.sweep_dataset(grid, run_grid(grid, workers, scheduler, on_progress=on_progress))
 
 
 def checkpoint_path(out: Path) -> Path:
@@ -43,19 +56,22 @@ def sweep_to_file(
     scheduler: str | None = None,
     resume: bool = False,
     on_progress: Callable[[int, int], None] | None = None,
-) -> np.ndarray:
+    max_memory: int | None = None,
+) -> tuple[Grid, np.ndarray]:
     """Run the grid like :func:`sweep`, writing netCDF to ``out`` atomically, resumable after any
-    crash; returns the metrics table (shape (*axes, len(METRICS))).
+    crash; returns the grid and its metrics table (shape (*axes, len(METRICS))).
 
     Finished points are recorded in ``<out>.partial`` as they arrive; ``resume=True`` runs only
-    the points missing from it. The record is deleted once ``out`` is written.
+    the points missing from it. The record is deleted once ``out`` is written. While it runs,
+    the sweep holds a lock on ``out``: a second sweep on the same output is refused.
     """
     out = Path(out)
     partial = checkpoint_path(out)
-    if partial.exists() and not resume:
-        raise ConfigError(f"{partial}: an interrupted sweep left this; pass --resume to continue it, or delete it")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    table = run_grid(config, workers, scheduler, checkpoint=partial, resume=resume, on_progress=on_progress)
-    io.sweep_layout(config, table).write(out)
-    partial.unlink()
-    return table
+    grid = _grid(config, workers, scheduler, max_memory)
+    with output_lock(out):
+        if partial.exists() and not resume:
+            raise ConfigError(f"{partial}: an interrupted sweep left this; pass --resume to continue it, or delete it")
+        table = run_grid(grid, workers, scheduler, checkpoint=partial, resume=resume, on_progress=on_progress)
+        io.sweep_layout(grid, table).write(out)
+        partial.unlink()
+    return grid, table

@@ -88,3 +88,37 @@ def bench(
             metrics_s, _ = _best_of(repeats, lambda: measure(config, traffic, out))
             rows.append(BenchRow(policy, rate, n_requests, first_call_s, traffic_s, kernel_s, metrics_s, out.steps))
     return rows
+
+
+@dataclass(frozen=True)
+class SweepOverhead:
+    points: int
+    setup_s: float  # validating the grid and cutting it into blocks
+    run_s: float  # running every point of 10 requests in one thread
+
+    @property
+    def setup_us_per_point(self) -> float:
+        return self.setup_s / self.points * 1e6
+
+    @property
+    def run_us_per_point(self) -> float:
+        return self.run_s / self.points * 1e6
+
+
+def sweep_overhead(points: int = 20_000) -> SweepOverhead:
+    """What a sweep costs per point beyond simulating it: a grid of ``points`` points (seeds x
+    rates) of 10 requests each, so the simulation itself is a small share of the time."""
+    from .grid import build_grid, make_blocks, run_grid
+
+    rates = [1.0, 2.0, 4.0, 8.0]
+    config = Config().with_values({"workload.n_requests": 10}).model_copy(
+        update={"sweep": {"workload.seed": list(range(points // len(rates))), "workload.rate": rates}}
+    )
+    t0 = time.perf_counter()
+    grid = build_grid(config)
+    make_blocks(grid, np.arange(grid.size), 1)
+    setup_s = time.perf_counter() - t0
+    run_s, table = _best_of(1, lambda: run_grid(grid, workers=1))
+    if np.isnan(table).all(axis=-1).any():
+        raise BenchCheckFailed("sweep overhead: a point was not run")
+    return SweepOverhead(grid.size, setup_s, run_s)

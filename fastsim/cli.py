@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -44,13 +45,37 @@ SetOpt = Annotated[
 ]
 
 
+MaxMemoryOpt = Annotated[
+    Optional[str],
+    typer.Option("--max-memory", help="Refuse work needing more memory than this (8GB, 500MB; default: what is available).",
+                 metavar="SIZE"),
+]
+
+
 def _fail(message: str, code: int = 2) -> typer.Exit:
     typer.echo(f"error: {message}", err=True)
     return typer.Exit(code)
 
 
+@contextlib.contextmanager
+def _user_errors():
+    """Bad input, and memory that ran out anyway, end as one line on stderr with exit code 2."""
+    try:
+        yield
+    except ConfigError as exc:
+        raise _fail(str(exc)) from None
+    except MemoryError:
+        raise _fail("out of memory: make the run smaller (workload.n_requests) or use fewer --workers") from None
+
+
 def _load(path: Path, sets: list[str] | None) -> Config:
     return load_config(path, dict(parse_override(s) for s in sets or []))
+
+
+def _max_memory(text: str | None) -> int | None:
+    from .memory import parse_size
+
+    return None if text is None else parse_size(text)
 
 
 def _print_table(title: str, headers: list[str], rows: list[list[str]], left: int = 1) -> None:
@@ -77,16 +102,16 @@ def run(
     requests_out: Annotated[
         Optional[Path], typer.Option("--requests-out", help="Write per-request results as netCDF.", metavar="PATH.nc")
     ] = None,
+    max_memory: MaxMemoryOpt = None,
 ) -> None:
     """Simulate one scenario (the config's base values; its sweep grid is ignored)."""
-    from . import simulate
+    from . import memory, simulate
     from .metrics import METRICS
 
-    try:
+    with _user_errors():
         cfg = _load(config, set_)
-    except ConfigError as exc:
-        raise _fail(str(exc)) from None
-    result = simulate(cfg)
+        memory.check(cfg, limit=_max_memory(max_memory))
+        result = simulate(cfg)
     if requests_out is not None:
         from .io import requests_layout
 
@@ -122,15 +147,15 @@ def sweep(
     ] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue an interrupted sweep.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+    max_memory: MaxMemoryOpt = None,
 ) -> None:
     """Run the config's sweep grid into one labelled netCDF dataset, then print a summary."""
     from .api import checkpoint_path, sweep_to_file
     from .summary import COLUMNS, summarize
 
-    try:
+    with _user_errors():
         cfg = _load(config, set_)
-    except ConfigError as exc:
-        raise _fail(str(exc)) from None
+        limit = _max_memory(max_memory)
     target = out_path or Path("results") / f"{config.stem}.nc"
     progress = Progress(
         TextColumn("sweep"),
@@ -147,29 +172,31 @@ def sweep(
     task = progress.add_task("sweep", total=None)
 
     def on_progress(done: int, total: int) -> None:
-        if progress.tasks[0].total is None:  # first call: points resumed from a checkpoint are not speed
+        if progress.tasks[0].total is None:  # first call, once the grid is set up: show the bar;
+            progress.start()  # points resumed from a checkpoint are not speed
             progress.reset(task, total=total, completed=done)
         else:
             progress.update(task, completed=done)
 
     started = time.perf_counter()
     try:
-        with progress:
-            table = sweep_to_file(
-                cfg, target, workers=workers, scheduler=scheduler, resume=resume, on_progress=on_progress
+        with _user_errors():
+            grid, table = sweep_to_file(
+                cfg, target, workers=workers, scheduler=scheduler, resume=resume, on_progress=on_progress,
+                max_memory=limit,
             )
-    except ConfigError as exc:
-        raise _fail(str(exc)) from None
     except KeyboardInterrupt:
         kept = checkpoint_path(target)
         hint = f"; finished points are kept in {kept}: rerun with --resume" if kept.exists() else ""
         raise _fail(f"interrupted{hint}", 130) from None
     except OSError as exc:
         raise _fail(f"{target}: {exc.strerror or exc}") from None
+    finally:
+        progress.stop()
     elapsed = time.perf_counter() - started
     n_points = table.size // table.shape[-1]
     err.print(f"wrote {target} ({n_points} point{'s' * (n_points != 1)} in {elapsed:.1f} s)")
-    title, headers, rows = summarize(cfg, table)
+    title, headers, rows = summarize(grid, table)
     _print_table(title, headers, rows, left=len(headers) - len(COLUMNS))
 
 
@@ -177,6 +204,7 @@ def sweep(
 def bench(
     n: Annotated[int, typer.Option("--n", help="Requests per run.", min=1)] = 1_000_000,
     repeats: Annotated[int, typer.Option(help="Timed runs per case (best is kept).", min=1)] = 3,
+    sweep_points: Annotated[int, typer.Option(help="Points of the sweep-overhead grid.", min=4)] = 20_000,
 ) -> None:
     """Measure the simulator's own speed: simulated requests/s per policy and rate, one core."""
     from .bench import BenchCheckFailed
@@ -206,6 +234,13 @@ def bench(
     out.print(
         "first call = JIT compile or cache load (excluded from the rest); "
         "end-to-end adds traffic generation and metrics; every run checked (all done, tokens conserved)."
+    )
+    from .bench import sweep_overhead
+
+    o = sweep_overhead(sweep_points)
+    out.print(
+        f"sweep overhead: {o.points:,} points of 10 requests, one thread: set-up (validate, block) "
+        f"{o.setup_us_per_point:.1f} us/point, running {o.run_us_per_point:.0f} us/point"
     )
 
 

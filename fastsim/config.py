@@ -8,11 +8,20 @@ mapping dotted keys to lists of values. Loading reads YAML (following ``extends:
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Callable, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 
 class ConfigError(ValueError):
@@ -26,6 +35,15 @@ class _Section(BaseModel):
 _Finite = dict(allow_inf_nan=False)
 
 
+def _integral(value: Any) -> Any:
+    """``1e6`` (a float that is exactly a whole number) becomes ``1000000``; anything else is
+    left for the strict integer check (so ``1.5`` and booleans are still refused)."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+Int = Annotated[int, BeforeValidator(_integral)]
+
+
 class Hardware(_Section):
     mem_bandwidth_tb_s: float = Field(3.35, gt=0, **_Finite)
 
@@ -37,9 +55,9 @@ class Model(_Section):
 
 class Engine(_Section):
     policy: str = "continuous"
-    max_batch: int = Field(64, ge=1)
+    max_batch: Int = Field(64, ge=1)
     # None: no cap beyond max_batch.
-    max_concurrent: int | None = Field(None, ge=1)
+    max_concurrent: Int | None = Field(None, ge=1)
     window_ms: float = Field(50.0, ge=0, **_Finite)
 
     @field_validator("policy")
@@ -61,9 +79,9 @@ class Output(_Section):
     dist: Literal["lognormal", "fixed"] = "lognormal"
     mu: float = Field(4.5, **_Finite)
     sigma: float = Field(1.0, ge=0, **_Finite)
-    min: int = Field(1, ge=1)
-    max: int = Field(2000, ge=1)
-    value: int = Field(148, ge=1)
+    min: Int = Field(1, ge=1)
+    max: Int = Field(2000, ge=1)
+    value: Int = Field(148, ge=1)
 
     @model_validator(mode="after")
     def _ordered(self) -> Output:
@@ -73,11 +91,11 @@ class Output(_Section):
 
 
 class Workload(_Section):
-    n_requests: int = Field(3000, ge=1)
+    n_requests: Int = Field(3000, ge=1)
     rate: float = Field(8.0, gt=0, **_Finite)
-    seed: int = Field(7, ge=0)
+    seed: Int = Field(7, ge=0)
     rng: Literal["stdlib", "numpy"] = "numpy"
-    prompt_tokens: int = Field(1000, ge=0)
+    prompt_tokens: Int = Field(1000, ge=0)
     output: Output = Output()
 
 
@@ -113,6 +131,19 @@ class Config(_Section):
             _set_dotted(raw, key, value)
         return validate(raw)
 
+    def at(self, values: dict[str, Any]) -> Config:
+        """A new config with dotted keys set to ``values`` *without validating them*: for sweep
+        points whose values :func:`validate_in_section` has already checked and normalised."""
+
+        def put(node: BaseModel, parts: list[str], value: Any) -> BaseModel:
+            child = value if len(parts) == 1 else put(getattr(node, parts[0]), parts[1:], value)
+            return node.model_copy(update={parts[0]: child})
+
+        config = self
+        for key, value in values.items():
+            config = put(config, key.split("."), value)
+        return config
+
 
 def _hashable(v: Any) -> Any:
     return repr(v) if isinstance(v, (list, dict)) else v
@@ -131,6 +162,58 @@ def _leaf_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
 
 LEAF_KEYS: tuple[str, ...] = tuple(_leaf_keys(Config))
 """Every dotted key a scenario has (what ``--set`` and ``sweep:`` accept)."""
+
+
+def get_dotted(node: Any, key: str) -> Any:
+    for part in key.split("."):
+        node = getattr(node, part)
+    return node
+
+
+def validation_section(key: str) -> str:
+    """Where a value of ``key`` is validated: the outermost section above it that checks its
+    fields together (has a model validator), else the section that holds it ("" for the root).
+
+    Sweep axes with the same validation section are validated in combination; any others
+    independently, so a grid's set-up work grows with its axes' lengths, not with their product.
+    """
+    parts = key.split(".")
+    cls: type[BaseModel] = Config
+    chosen = None
+    for depth, part in enumerate(parts[:-1]):
+        cls = cls.model_fields[part].annotation
+        if chosen is None and cls.__pydantic_decorators__.model_validators:
+            chosen = depth + 1
+    return ".".join(parts[: len(parts) - 1 if chosen is None else chosen])
+
+
+def section_validator(base: Config, section: str) -> Callable[[dict[str, Any]], BaseModel]:
+    """A function that validates ``base``'s section ``section`` with dotted keys (all under that
+    section) set to given values, alone, and returns it; errors name the full key. The base
+    section is read once, so validating many values costs one pydantic validation each."""
+    node = get_dotted(base, section) if section else base
+    raw, cls = node.model_dump(), type(node)
+    skip = len(section) + 1 if section else 0
+
+    def validate_with(values: dict[str, Any]) -> BaseModel:
+        top = dict(raw)
+        for key, value in values.items():
+            *path, leaf = key[skip:].split(".")
+            d = top
+            for part in path:  # copy the nested sections on the way, never the base's
+                d[part] = dict(d[part])
+                d = d[part]
+            d[leaf] = value
+        try:
+            return cls.model_validate(top)
+        except ValidationError as exc:
+            errors = exc.errors()
+            for e in errors:
+                e["loc"] = (*section.split("."), *e["loc"]) if section else e["loc"]
+            more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+            raise ConfigError(_describe(errors[0]) + more) from None
+
+    return validate_with
 
 
 def _set_dotted(raw: dict, key: str, value: Any) -> None:
@@ -169,6 +252,18 @@ def validate(raw: Any) -> Config:
         raise ConfigError(_describe(errors[0]) + more) from None
 
 
+class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # libyaml's parser when present
+    """YAML as people write numbers: ``1e3``, ``2.5e-3`` and ``1E6`` are floats (YAML 1.1, and
+    so PyYAML, reads an exponent without a dot and a sign as a string)."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
+
+
 def parse_override(text: str) -> tuple[str, Any]:
     """Split ``dotted.key=value``; the value is read as a YAML scalar (number, string, null...)."""
     key, sep, value = text.partition("=")
@@ -176,7 +271,7 @@ def parse_override(text: str) -> tuple[str, Any]:
     if not sep or not key:
         raise ConfigError(f"--set {text!r}: expected dotted.key=value")
     try:
-        return key, yaml.safe_load(value)
+        return key, yaml.load(value, Loader=_Loader)
     except yaml.YAMLError:
         raise ConfigError(f"{key}: cannot read value {value!r}") from None
 
@@ -192,7 +287,7 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=_Loader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -20,85 +20,120 @@ import json
 import math
 import os
 from collections import deque
+from dataclasses import dataclass
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from . import __version__
-from .config import Config, ConfigError
+from .config import Config, ConfigError, get_dotted, section_validator, validation_section
 from .metrics import METRICS
 from .simulation import simulate
 from .traffic import generate
 
-Point = dict[str, Any]
-Block = list[tuple[int, Point]]
-
 SECONDS_PER_BLOCK = 0.25
 SECONDS_PER_REQUEST = 1.6e-7  # traffic + kernel + metrics per request: ~6.2 M/s per worker, measured
+# Below this many requests per point, a point is mostly Python holding the GIL (config, traffic
+# set-up, metrics: ~150 us): worker threads then contend for it and run slower than one thread.
+# Measured: 3000 points of 1000 requests, 1.1 s on one thread, 1.5 s on two; of 3000, 2.7 s, 1.9 s.
+MIN_REQUESTS_FOR_THREADS = 2000
 
 
-def shape(config: Config) -> tuple[int, ...]:
-    return tuple(len(v) for v in config.sweep.values())
+@dataclass(frozen=True)
+class Grid:
+    """A validated sweep: the base config and each axis's values, normalised (``1e3`` on an
+    integer axis is ``1000``). Points are flat indices in C order of the axes (the last axis
+    varies fastest); a point's config is built on demand, without validating it again."""
+
+    base: Config
+    keys: tuple[str, ...]
+    axes: tuple[tuple[Any, ...], ...]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(len(values) for values in self.axes)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    def values(self, index: int) -> dict[str, Any]:
+        """{dotted key: value} of the point at flat ``index``."""
+        point = {}
+        for key, values in zip(reversed(self.keys), reversed(self.axes)):
+            index, j = divmod(index, len(values))
+            point[key] = values[j]
+        return point
+
+    @property
+    def max_requests(self) -> int:
+        """The most requests any point simulates."""
+        key = "workload.n_requests"
+        return max(self.axes[self.keys.index(key)]) if key in self.keys else self.base.workload.n_requests
+
+    def config(self, index: int) -> Config:
+        return self.base.at(self.values(index))
 
 
-def points(config: Config) -> list[Point]:
-    """Every grid point as {dotted key: value}, in C order of the axes."""
-    keys = list(config.sweep)
-    return [dict(zip(keys, combo)) for combo in itertools.product(*config.sweep.values())]
+def build_grid(config: Config) -> Grid:
+    """Validate ``config.sweep`` into a :class:`Grid`; errors name the axis and the value.
 
-
-def validate_grid(config: Config) -> list[Point]:
-    """Check every axis value and every combination; errors name the axis and the value."""
-    for key, values in config.sweep.items():
-        for value in values:
+    Axes are validated per section (:func:`~fastsim.config.validation_section`): each value once,
+    or, where several axes meet in a section that checks its fields together (``output.min`` and
+    ``output.max``), each combination of those axes. Never every point of the grid.
+    """
+    groups: dict[str, list[str]] = {}
+    for key in config.sweep:
+        groups.setdefault(validation_section(key), []).append(key)
+    normalised = {key: [None] * len(values) for key, values in config.sweep.items()}
+    for section, keys in groups.items():
+        validate = section_validator(config, section)
+        ranges = [range(len(config.sweep[k])) for k in keys]
+        for combo in itertools.product(*ranges):
+            values = {k: config.sweep[k][j] for k, j in zip(keys, combo)}
             try:
-                config.with_values({key: value})
+                node = validate(values)
             except ConfigError as exc:
-                raise ConfigError(f"sweep axis {key!r}, value {value!r}: {exc}") from None
-    grid = points(config)
-    for point in grid:
-        try:
-            config.with_values(point)
-        except ConfigError as exc:
-            raise ConfigError(f"sweep point {point}: {exc}") from None
-    return grid
+                if len(keys) == 1:
+                    ((key, value),) = values.items()
+                    raise ConfigError(f"sweep axis {key!r}, value {value!r}: {exc}") from None
+                raise ConfigError(f"sweep point {values}: {exc}") from None
+            for k, j in zip(keys, combo):
+                normalised[k][j] = get_dotted(node, k[len(section) + 1 :] if section else k)
+    return Grid(config, tuple(config.sweep), tuple(tuple(normalised[k]) for k in config.sweep))
 
 
-def run_block(base: Config, block: Block) -> tuple[np.ndarray, np.ndarray]:
-    """Simulate a block of points; returns (point indices, metrics rows). Runs in workers.
+def run_block(grid: Grid, block: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Simulate a block of points (flat indices); returns (indices, metrics rows). Runs in workers.
 
     Consecutive points with the same workload reuse one draw of traffic (blocks are grouped by
     workload, so one draw is all that needs keeping).
     """
     rows = np.empty((len(block), len(METRICS)))
     workload, traffic = None, None
-    for r, (_, point) in enumerate(block):
-        config = base.with_values(point)
+    for r, index in enumerate(block.tolist()):
+        config = grid.config(index)
         if config.workload != workload:
             workload, traffic = config.workload, generate(config.workload)
         rows[r] = list(simulate(config, traffic).metrics.values())
-    return np.array([i for i, _ in block], dtype=np.int64), rows
+    return block, rows
 
 
-def make_blocks(config: Config, grid: list[Point], todo: Iterable[int], workers: int) -> list[Block]:
-    """Chunk the points still to do into blocks, grouping points with the same workload."""
-    keys = list(config.sweep)
-    workload_axes = [k for k in keys if k.startswith("workload.")]
-    index_of = {k: {repr(v): j for j, v in enumerate(config.sweep[k])} for k in workload_axes}
-
-    def workload_rank(i: int) -> tuple[int, ...]:
-        return tuple(index_of[k][repr(grid[i][k])] for k in workload_axes)
-
-    todo = sorted(todo, key=workload_rank)  # stable: C order within each workload
-    if not todo:
+def make_blocks(grid: Grid, todo: np.ndarray, workers: int) -> list[np.ndarray]:
+    """Chunk the points still to do (flat indices, ascending) into blocks, grouping points with
+    the same workload (C order within each workload)."""
+    if not todo.size:
         return []
-    requests = max(config.sweep.get("workload.n_requests", [config.workload.n_requests]))
-    by_time = max(1, int(SECONDS_PER_BLOCK / (requests * SECONDS_PER_REQUEST)))
-    by_balance = max(1, math.ceil(len(todo) / (4 * workers)))
+    workload_axes = [j for j, k in enumerate(grid.keys) if k.startswith("workload.")]
+    if workload_axes:
+        coords = np.unravel_index(todo, grid.shape)
+        todo = todo[np.lexsort((todo, *[coords[j] for j in reversed(workload_axes)]))]
+    by_time = max(1, int(SECONDS_PER_BLOCK / (grid.max_requests * SECONDS_PER_REQUEST)))
+    by_balance = max(1, math.ceil(todo.size / (4 * workers)))
     size = min(by_time, by_balance)
-    return [[(i, grid[i]) for i in todo[j : j + size]] for j in range(0, len(todo), size)]
+    return [todo[j : j + size] for j in range(0, todo.size, size)]
 
 
 class Checkpoint:
@@ -124,8 +159,8 @@ class Checkpoint:
         self.header = self.MAGIC + digest + np.array([n_points, self.n_metrics], "<i8").tobytes()
         self._fd: int | None = None
 
-    def load(self) -> dict[int, np.ndarray]:
-        """The finished points recorded so far (index -> metrics row)."""
+    def load(self) -> tuple[np.ndarray, np.ndarray]:
+        """The finished points recorded so far: (indices, metrics rows)."""
         data = self.path.read_bytes()
         if not data.startswith(self.MAGIC):
             raise ConfigError(f"{self.path}: not a fastsim checkpoint")
@@ -137,25 +172,23 @@ class Checkpoint:
         body = data[len(self.header) :]
         usable = len(body) - len(body) % self.record.itemsize
         records = np.frombuffer(body[:usable], dtype=self.record)
-        return {int(i): m for i, m in zip(records["index"], records["metrics"])}
+        return records["index"], records["metrics"]
 
-    def open(self, resume: bool) -> dict[int, np.ndarray]:
+    def open(self, resume: bool) -> tuple[np.ndarray, np.ndarray]:
         """Start (or, with ``resume``, continue) the file; returns the points already done."""
-        done: dict[int, np.ndarray] = {}
+        indices, rows = np.empty(0, np.int64), np.empty((0, self.n_metrics))
         if resume and self.path.exists():
-            done = self.load()
-            # Rewrite without any torn tail or duplicate records, so appends stay aligned.
-            self._write_fresh(done)
-        else:
-            self._write_fresh({})
+            indices, rows = self.load()
+        # Rewrite without any torn tail, so appends stay aligned.
+        self._write_fresh(indices, rows)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
-        return done
+        return indices, rows
 
-    def _write_fresh(self, done: dict[int, np.ndarray]) -> None:
+    def _write_fresh(self, indices: np.ndarray, rows: np.ndarray) -> None:
         tmp = self.path.with_name(self.path.name + ".tmp")
         with open(tmp, "wb") as f:
             f.write(self.header)
-            f.write(self._records(np.fromiter(done, np.int64, len(done)), np.array(list(done.values()))))
+            f.write(self._records(indices, rows))
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.path)
@@ -178,9 +211,12 @@ class Checkpoint:
             self._fd = None
 
 
-def _in_process(base: Config, blocks: list[Block]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+Results = Iterator[tuple[np.ndarray, np.ndarray]]
+
+
+def _in_process(grid: Grid, blocks: list[np.ndarray]) -> Results:
     for block in blocks:
-        yield run_block(base, block)
+        yield run_block(grid, block)
 
 
 def _warm_up() -> None:
@@ -192,7 +228,7 @@ def _warm_up() -> None:
         simulate(tiny.with_values({"engine.policy": policy}))
 
 
-def _threads(base: Config, blocks: list[Block], workers: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def _threads(grid: Grid, blocks: list[np.ndarray], workers: int) -> Results:
     """Run blocks on worker threads: the kernels release the GIL (``nogil``), the Python around
     them is a few percent of a point, and threads cost nothing to start (no imports, no Numba
     start-up per process)."""
@@ -202,7 +238,7 @@ def _threads(base: Config, blocks: list[Block], workers: int) -> Iterator[tuple[
         try:
             while queue or pending:  # a few blocks in flight per worker, so Ctrl-C stops soon
                 while queue and len(pending) < 2 * workers:
-                    pending.add(pool.submit(run_block, base, queue.popleft()))
+                    pending.add(pool.submit(run_block, grid, queue.popleft()))
                 finished, pending = wait(pending, return_when=FIRST_COMPLETED)
                 for future in finished:
                     yield future.result()
@@ -211,7 +247,7 @@ def _threads(base: Config, blocks: list[Block], workers: int) -> Iterator[tuple[
                 future.cancel()
 
 
-def _dask(base: Config, blocks: list[Block], scheduler: str, workers: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def _dask(grid: Grid, blocks: list[np.ndarray], scheduler: str, workers: int) -> Results:
     from distributed import Client, LocalCluster, as_completed
 
     cluster = None
@@ -225,7 +261,8 @@ def _dask(base: Config, blocks: list[Block], scheduler: str, workers: int) -> It
             raise ConfigError(f"--scheduler {scheduler}: cannot reach a Dask scheduler ({exc})") from None
     try:
         client.run(_warm_up)
-        futures = [client.submit(run_block, base, block, pure=False) for block in blocks]
+        shared = client.scatter(grid, broadcast=True)  # sent once, not with every block
+        futures = [client.submit(run_block, shared, block, pure=False) for block in blocks]
         try:
             for future in as_completed(futures):
                 yield future.result()
@@ -238,7 +275,7 @@ def _dask(base: Config, blocks: list[Block], scheduler: str, workers: int) -> It
 
 
 def run_grid(
-    config: Config,
+    grid: Grid,
     workers: int | None = None,
     scheduler: str | None = None,
     checkpoint: Path | None = None,
@@ -254,27 +291,28 @@ def run_grid(
     if workers is not None and workers < 1:
         raise ConfigError(f"workers must be at least 1 (got {workers})")
     workers = workers or os.cpu_count() or 1
-    grid = validate_grid(config)
-    table = np.full((len(grid), len(METRICS)), np.nan)
-    log = Checkpoint(checkpoint, config, len(grid)) if checkpoint is not None else None
-    done = log.open(resume) if log is not None else {}
-    for i, row in done.items():
-        table[i] = row
-    todo = [i for i in range(len(grid)) if i not in done]
-    blocks = make_blocks(config, grid, todo, workers)
+    table = np.full((grid.size, len(METRICS)), np.nan)
+    log = Checkpoint(checkpoint, grid.base, grid.size) if checkpoint is not None else None
+    finished = np.zeros(grid.size, dtype=bool)
+    if log is not None:
+        indices, rows = log.open(resume)
+        table[indices] = rows
+        finished[indices] = True
+    todo = np.flatnonzero(~finished)
+    blocks = make_blocks(grid, todo, workers)
+    n_done = grid.size - todo.size
     if on_progress:
-        on_progress(len(done), len(grid))
+        on_progress(n_done, grid.size)
     if not blocks:
         results: Iterator = iter(())
     elif scheduler is not None:
         _warm_up()  # fill Numba's cache here, so local Dask workers only load it
-        results = _dask(config, blocks, scheduler, workers)
-    elif workers == 1 or len(blocks) == 1:
-        results = _in_process(config, blocks)
+        results = _dask(grid, blocks, scheduler, workers)
+    elif workers == 1 or len(blocks) == 1 or grid.max_requests < MIN_REQUESTS_FOR_THREADS:
+        results = _in_process(grid, blocks)
     else:
         _warm_up()  # compile or load once, before threads call the kernels
-        results = _threads(config, blocks, workers)
-    n_done = len(done)
+        results = _threads(grid, blocks, workers)
     try:
         for indices, rows in results:
             table[indices] = rows
@@ -282,8 +320,8 @@ def run_grid(
                 log.append(indices, rows)
             n_done += len(indices)
             if on_progress:
-                on_progress(n_done, len(grid))
+                on_progress(n_done, grid.size)
     finally:
         if log is not None:
             log.close()
-    return table.reshape(*shape(config), len(METRICS))
+    return table.reshape(*grid.shape, len(METRICS))

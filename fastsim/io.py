@@ -9,8 +9,6 @@ half-written file. Opened with xarray, a written file equals the in-memory Datas
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
@@ -20,6 +18,8 @@ import yaml
 
 from . import __version__
 from .config import Config
+from .files import atomic_path
+from .grid import Grid
 from .metrics import INTEGER_METRICS, METRICS
 from .simulation import Result
 
@@ -65,24 +65,16 @@ class Layout:
         import netCDF4
 
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        os.close(fd)
-        try:
-            with netCDF4.Dataset(tmp, "w", format="NETCDF4") as nc:
-                for name, (_, values, _) in self.coords.items():
-                    nc.createDimension(name, values.size)
-                for name, (dims, values, attrs) in (*self.coords.items(), *self.data.items()):
-                    kind = str if values.dtype.kind in "UO" else values.dtype
-                    compress = name in self.data and values.ndim > 0
-                    var = nc.createVariable(name, kind, dims, zlib=compress, complevel=4, shuffle=compress)
-                    var.setncatts(attrs)
-                    var[...] = values.astype(object) if kind is str else values
-                nc.setncatts(self.attrs)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with atomic_path(path) as tmp, netCDF4.Dataset(tmp, "w", format="NETCDF4") as nc:
+            for name, (_, values, _) in self.coords.items():
+                nc.createDimension(name, values.size)
+            for name, (dims, values, attrs) in (*self.coords.items(), *self.data.items()):
+                kind = str if values.dtype.kind in "UO" else values.dtype
+                compress = name in self.data and values.ndim > 0
+                var = nc.createVariable(name, kind, dims, zlib=compress, complevel=4, shuffle=compress)
+                var.setncatts(attrs)
+                var[...] = values.astype(object) if kind is str else values
+            nc.setncatts(self.attrs)
         return path
 
 
@@ -93,7 +85,8 @@ def _provenance(config: Config) -> dict[str, str]:
         "fastsim_version": __version__,
         "numpy_version": np.__version__,
         "numba_version": numba.__version__,
-        "config": yaml.safe_dump(config.model_dump(), sort_keys=False),
+        # libyaml's emitter when present: a sweep's config may list a million axis values
+        "config": yaml.dump(config.model_dump(), Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper), sort_keys=False),
     }
 
 
@@ -104,11 +97,11 @@ def _coordinate(values: Sequence[Any]) -> np.ndarray:
     return np.asarray(values)
 
 
-def sweep_layout(config: Config, table: np.ndarray) -> Layout:
+def sweep_layout(grid: Grid, table: np.ndarray) -> Layout:
     """Label a grid of metrics: ``table`` has shape (*axis lengths, len(METRICS)), C order."""
-    dims = tuple(key.rsplit(".", 1)[-1] for key in config.sweep)
+    dims = tuple(key.rsplit(".", 1)[-1] for key in grid.keys)
     coords = {}
-    for dim, (key, values) in zip(dims, config.sweep.items()):
+    for dim, key, values in zip(dims, grid.keys, grid.axes):
         attrs = {"config_key": key}
         if dim in AXIS_UNITS:
             attrs["units"] = AXIS_UNITS[dim]
@@ -119,12 +112,12 @@ def sweep_layout(config: Config, table: np.ndarray) -> Layout:
         if name in INTEGER_METRICS:
             values = values.astype(np.int64)
         data[name] = (dims, values, {"units": units, "long_name": long_name})
-    return Layout(coords, data, _provenance(config))
+    return Layout(coords, data, _provenance(grid.base))
 
 
-def sweep_dataset(config: Config, table: np.ndarray) -> xr.Dataset:
+def sweep_dataset(grid: Grid, table: np.ndarray) -> xr.Dataset:
     """The sweep grid as an xarray Dataset (see :func:`sweep_layout`)."""
-    return sweep_layout(config, table).to_dataset()
+    return sweep_layout(grid, table).to_dataset()
 
 
 def requests_layout(result: Result) -> Layout:

@@ -9,9 +9,11 @@ Two things keep the work per step independent of the batch size:
 - ``ctx`` (the KV tokens read by the next step) is a running sum: admission adds the prompt, each
   step adds one token per unfinished member, a departure subtracts what the request held.
 - Completions come from a calendar: a request admitted after step ``s`` emits its last token at
-  step ``s + output``, so it is filed in bucket ``(s + output) % ring`` with ``ring > max(output)``;
-  each step visits only its own bucket, whose members all finish at that step. The bucket of the
-  current step is tracked as a wrapping ``cursor`` (no integer division in the loop).
+  step ``due = s + output``, so it is filed in bucket ``due % ring``; each step visits only its own
+  bucket and finishes the members due then. ``ring`` is ``max(output) + 1`` capped at
+  ``RING_MAX``, so the calendar's memory never grows with the longest output: a request due
+  ``ring`` or more steps ahead waits in its bucket through whole turns of the ring. The bucket of
+  the current step is tracked as a wrapping ``cursor`` (no integer division in the loop).
 
 And most iterations change nothing but the clock: while nobody can be admitted and nobody
 finishes, a tight fast path runs bare steps (about 4 ns each here) until the next event.
@@ -29,14 +31,40 @@ from .config import Config
 from .traffic import Traffic
 
 
+RING_MAX = 1 << 16  # calendar buckets at most (512 KiB)
+
+
 @inline
-def _file(bucket, link, cursor, i, steps_left):
+def _file(bucket, link, due, cursor, steps, i, steps_left):
     """File request ``i`` in the completion calendar: it finishes ``steps_left`` steps after
-    the step whose bucket is ``cursor``."""
+    step ``steps``, whose bucket is ``cursor``."""
+    due[i] = steps + steps_left
+    if steps_left >= bucket.size:
+        steps_left %= bucket.size
     b = cursor + steps_left
     b = b - bucket.size if b >= bucket.size else b
     link[i] = bucket[b]
     bucket[b] = i
+
+
+@inline
+def _due_now(bucket, link, due, cursor, steps):
+    """Unlink and return the members of bucket ``cursor`` due at step ``steps``, as a linked
+    list (-1 ends it); members due in a later turn of the ring stay filed."""
+    first = -1
+    keep = -1
+    i = bucket[cursor]
+    while i >= 0:
+        nxt = link[i]
+        if due[i] == steps:
+            link[i] = first
+            first = i
+        else:
+            link[i] = keep
+            keep = i
+        i = nxt
+    bucket[cursor] = keep
+    return first
 
 
 @inline
@@ -79,9 +107,10 @@ def _continuous(arrival, prompt, output, limit, t_weight, t_kv, first_token, don
     (steps, busy_slot_steps, max_queue)
     """
     n = arrival.size
-    ring = output.max() + 1
+    ring = min(output.max() + 1, RING_MAX)
     bucket = np.full(ring, -1, np.int64)  # head of a linked list of requests finishing there
     link = np.empty(n, np.int64)
+    due = np.empty(n, np.int64)  # the step that emits each request's last token
     cursor = 0  # == steps % ring
     now = 0.0
     head = 0
@@ -97,7 +126,7 @@ def _continuous(arrival, prompt, output, limit, t_weight, t_kv, first_token, don
         admitted = qhead
         take = min(limit - running, head - qhead)
         for i in range(qhead, qhead + take):
-            _file(bucket, link, cursor, i, output[i])
+            _file(bucket, link, due, cursor, steps, i, output[i])
             ctx += prompt[i]
         qhead += take
         running += take
@@ -112,13 +141,12 @@ def _continuous(arrival, prompt, output, limit, t_weight, t_kv, first_token, don
         for i in range(admitted, qhead):
             first_token[i] = now
         cursor = cursor + 1 if cursor + 1 < ring else 0
-        i = bucket[cursor]
+        i = _due_now(bucket, link, due, cursor, steps)
         while i >= 0:
             done[i] = now
             ctx -= prompt[i] + output[i]
             running -= 1
             i = link[i]
-        bucket[cursor] = -1
         # Fast path: run the next iterations in which nobody is admitted and nobody finishes as
         # bare steps, stopping before a step with completions.
         if running == limit:  # full: arrivals only lengthen the queue
@@ -148,9 +176,10 @@ def _batched(arrival, prompt, output, limit, window, t_weight, t_kv, first_token
     batch ends.
     """
     n = arrival.size
-    ring = output.max() + 1
+    ring = min(output.max() + 1, RING_MAX)
     bucket = np.full(ring, -1, np.int64)
     link = np.empty(n, np.int64)
+    due = np.empty(n, np.int64)
     cursor = 0  # == steps % ring
     now = 0.0
     head = 0
@@ -171,7 +200,7 @@ def _batched(arrival, prompt, output, limit, window, t_weight, t_kv, first_token
                 take = min(limit, waiting)
                 ctx = 0
                 for i in range(qhead, qhead + take):
-                    _file(bucket, link, cursor, i, output[i])
+                    _file(bucket, link, due, cursor, steps, i, output[i])
                     ctx += prompt[i]
                 batch_lo = qhead
                 batch_start = steps
@@ -192,12 +221,11 @@ def _batched(arrival, prompt, output, limit, window, t_weight, t_kv, first_token
             for i in range(batch_lo, qhead):
                 first_token[i] = now
         cursor = cursor + 1 if cursor + 1 < ring else 0
-        i = bucket[cursor]
+        i = _due_now(bucket, link, due, cursor, steps)
         while i >= 0:
             done[i] = now
             active -= 1
             i = link[i]
-        bucket[cursor] = -1
         if active > 0:  # nobody is admitted while a batch runs
             head, cursor, now, steps, ctx, busy = _steps_until_completion(
                 arrival, head, bucket, cursor, now, steps, ctx, busy, active, t_weight, t_kv

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from .config import Config
+from .grid import Grid
 from .metrics import METRICS
 
 METRIC_INDEX = {name: k for k, name in enumerate(METRICS)}
@@ -65,10 +65,10 @@ def _label(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def summarize(config: Config, table: np.ndarray) -> tuple[str, list[str], list[list[str]]]:
+def summarize(grid: Grid, table: np.ndarray) -> tuple[str, list[str], list[list[str]]]:
     """(title, column headers, rows) describing a sweep's metrics ``table``, which has shape
-    (*axis lengths, len(METRICS)) with axes in the order of ``config.sweep``."""
-    axes = {key.rsplit(".", 1)[-1]: values for key, values in config.sweep.items()}
+    (*axis lengths, len(METRICS)) with axes in the order of ``grid.keys``."""
+    axes = {key.rsplit(".", 1)[-1]: values for key, values in zip(grid.keys, grid.axes)}
     dims = [d for d in axes if d != "seed"]
     if "seed" in axes:  # seeds become the second-to-last axis: (*dims, seed, metric)
         table = np.moveaxis(table, list(axes).index("seed"), -2)

@@ -108,3 +108,44 @@ def test_missing_file_exits_2(tmp_path):
 def test_api_raises_config_error():
     with pytest.raises(ConfigError, match="engine.max_batch"):
         Config().with_values({"engine.max_batch": -1})
+
+
+def test_scientific_notation_in_files_and_overrides(tmp_path):
+    path = tmp_path / "sci.yaml"
+    path.write_text("workload:\n  rate: 1e3\n  n_requests: 1e4\n  output:\n    mu: 2.5e-3\n"
+                    "sweep:\n  workload.rate: [1e2, 2.5E+2]\n")
+    c = load_config(path)
+    assert (c.workload.rate, c.workload.n_requests, c.workload.output.mu) == (1000.0, 10_000, 0.0025)
+    assert type(c.workload.n_requests) is int
+    assert c.sweep == {"workload.rate": [100.0, 250.0]}
+    assert parse_override("workload.rate=1e3") == ("workload.rate", 1000.0)
+    assert parse_override("workload.rate=-2.5e-3") == ("workload.rate", -0.0025)
+    assert parse_override("engine.policy=1e") == ("engine.policy", "1e")  # not a number: a string
+    result = CliRunner().invoke(app, ["run", str(path), "--set", "workload.n_requests=2e3", "--json"])
+    assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize("value,ok", [(1e6, True), (1000000.0, True), (64, True), (1.5, False), (True, False),
+                                      (float("nan"), False), ("64", False)])
+def test_integer_fields_take_integral_floats_only(value, ok):
+    if ok:
+        c = Config().with_values({"workload.n_requests": value})
+        assert c.workload.n_requests == int(value) and type(c.workload.n_requests) is int
+    else:
+        with pytest.raises(ConfigError, match="workload.n_requests: Input should be a valid integer"):
+            Config().with_values({"workload.n_requests": value})
+
+
+def test_booleans_are_not_numbers():
+    for key in ("workload.rate", "engine.max_batch", "engine.window_ms"):
+        with pytest.raises(ConfigError, match=key):
+            Config().with_values({key: True})
+
+
+def test_integral_overrides(root):
+    cfg = str(root / "configs/reference.yaml")
+    ok = CliRunner().invoke(app, ["run", cfg, "--set", "engine.max_batch=1.6e1", "--set", "workload.n_requests=5e2"])
+    assert ok.exit_code == 0 and "max_batch 16" in ok.stdout and "500 requests" in ok.stdout
+    bad = CliRunner().invoke(app, ["run", cfg, "--set", "engine.max_batch=1.5e0"])
+    assert bad.exit_code == 2
+    assert bad.stderr.strip() == "error: engine.max_batch: Input should be a valid integer (got 1.5)"

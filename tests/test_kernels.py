@@ -123,3 +123,22 @@ def test_continuous_single_slot_is_an_mg1_queue():
     stderr = blocks.std(ddof=1) / math.sqrt(len(blocks))
     assert abs(wait.mean() - expected) < 4 * stderr + 0.01 * expected, (wait.mean(), expected, stderr)
     assert stderr < 0.05 * expected  # the test has power
+
+
+def test_outputs_longer_than_the_calendar_ring():
+    """Requests due a whole turn (or several) of the bounded calendar ahead finish on time."""
+    from fastsim.traffic import Traffic
+
+    ring = kernels.RING_MAX
+    output = np.array([ring + 5, 3, ring, 2 * ring + 1, ring - 1, 1], dtype=np.int64)
+    traffic = Traffic(np.arange(1, 7) * 1e-3, np.full(6, 10, dtype=np.int64), output)
+    for policy in kernels.POLICIES:
+        config = Config().with_values({"engine.policy": policy, "engine.max_batch": 3,
+                                       "workload.n_requests": 6, "engine.window_ms": 2.0})
+        fast = kernels.run(config, traffic)
+        t_weight, t_kv = kernels.step_time_coefficients(config)
+        window = 2e-3 if policy == "dynamic" else math.inf
+        first, done, steps, busy, _ = oracle.simulate(traffic.arrival_s.tolist(), [10] * 6, output.tolist(),
+                                                      policy, 3, window, t_weight, t_kv)
+        assert fast.done_s.tolist() == done and fast.first_token_s.tolist() == first
+        assert (fast.steps, fast.busy_slot_steps) == (steps, busy)
