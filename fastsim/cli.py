@@ -151,7 +151,7 @@ def sweep(
 ) -> None:
     """Run the config's sweep grid into one labelled netCDF dataset, then print a summary."""
     from .api import checkpoint_path, sweep_to_file
-    from .summary import COLUMNS, summarize
+    from .summary import summarize
 
     with _user_errors():
         cfg = _load(config, set_)
@@ -196,8 +196,8 @@ def sweep(
     elapsed = time.perf_counter() - started
     n_points = table.size // table.shape[-1]
     err.print(f"wrote {target} ({n_points} point{'s' * (n_points != 1)} in {elapsed:.1f} s)")
-    title, headers, rows = summarize(grid, table)
-    _print_table(title, headers, rows, left=len(headers) - len(COLUMNS))
+    title, headers, rows, labels = summarize(grid, table)
+    _print_table(title, headers, rows, left=labels)
 
 
 @app.command()
@@ -210,16 +210,17 @@ def bench(
     from .bench import BenchCheckFailed
     from .bench import bench as run_bench
 
-    err.print(f"benchmarking {n:,} requests per run, lesson traffic shape (numpy rng), best of {repeats}...")
+    err.print(f"benchmarking {n:,} requests per run (numpy traffic), best of {repeats}...")
     try:
         rows = run_bench(n, repeats=repeats)
     except BenchCheckFailed as exc:
         raise _fail(f"results failed their check: {exc}", 1) from None
     _print_table(
         f"fastsim bench: {n:,} requests, one core, pid {os.getpid()}",
-        ["policy", "rate/s", "steps/req", "first call", "kernel", "kernel req/s", "end-to-end req/s"],
+        ["model", "policy", "rate/s", "steps/req", "first call", "kernel", "kernel req/s", "end-to-end req/s"],
         [
             [
+                r.model,
                 r.policy,
                 f"{r.rate:g}",
                 f"{r.steps / r.n_requests:.1f}",
@@ -230,6 +231,7 @@ def bench(
             ]
             for r in rows
         ],
+        left=2,
     )
     out.print(
         "first call = JIT compile or cache load (excluded from the rest); "
@@ -241,6 +243,27 @@ def bench(
     out.print(
         f"sweep overhead: {o.points:,} points of 10 requests, one thread: set-up (validate, block) "
         f"{o.setup_us_per_point:.1f} us/point, running {o.run_us_per_point:.0f} us/point"
+    )
+
+
+@app.command()
+def presets() -> None:
+    """List the hardware and model presets with the values they fill."""
+    from .presets import HARDWARE, MODEL_SHAPES, MODELS
+
+    hw_fields = ["peak_tflops", "mem_bandwidth_tb_s", "mem_gb", "link_gb_s", "link_latency_us"]
+    _print_table(
+        "hardware.preset (dense BF16 TFLOP/s, HBM TB/s, GB, link GB/s per direction, all-reduce latency us)",
+        ["preset", *hw_fields],
+        [[name, *(f"{values[f]:g}" for f in hw_fields)] for name, values in HARDWARE.items()],
+    )
+    out.print()
+    model_fields = ["weight_gb", "kv_bytes_per_token", "params_b", "n_layers", "attn_dim", "hidden"]
+    _print_table(
+        "model.preset (BF16 weights; params_b: active per token; kv_heads: what engine.tp must divide)",
+        ["preset", *model_fields, "kv_heads"],
+        [[name, *(f"{values[f]:g}" for f in model_fields), str(MODEL_SHAPES[name].kv_heads)]
+         for name, values in MODELS.items()],
     )
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Any, Callable, Literal
+from typing import Annotated, Any, Callable, ClassVar, Literal
 
 import yaml
 from pydantic import (
@@ -44,13 +44,55 @@ def _integral(value: Any) -> Any:
 Int = Annotated[int, BeforeValidator(_integral)]
 
 
-class Hardware(_Section):
+class _Preset(_Section):
+    """A section that a named preset (see :mod:`fastsim.presets`) can fill: every field the
+    config does not set explicitly takes the preset's value."""
+
+    section: ClassVar[str]
+    preset: str | None = None
+
+    @field_validator("preset")
+    @classmethod
+    def _known_preset(cls, name: str | None) -> str | None:
+        from .presets import REGISTRIES
+
+        registry = REGISTRIES[cls.section]
+        if name is not None and name not in registry:
+            raise ValueError(f"unknown {cls.section} preset {name!r} (valid: {', '.join(registry)})")
+        return name
+
+    @model_validator(mode="after")
+    def _fill_from_preset(self) -> _Preset:
+        if self.preset is None:
+            return self
+        from .presets import REGISTRIES
+
+        for name, value in REGISTRIES[self.section][self.preset].items():
+            if name not in self.model_fields_set:
+                object.__setattr__(self, name, value)  # frozen model: filled once, while validating
+        return self
+
+
+class Hardware(_Preset):
+    section: ClassVar[str] = "hardware"
     mem_bandwidth_tb_s: float = Field(3.35, gt=0, **_Finite)
+    # None: compute is free (the lesson); else dense BF16 TFLOP/s
+    peak_tflops: float | None = Field(None, gt=0, **_Finite)
+    # None: KV memory is unlimited, unless engine.kv_cache_gb is set
+    mem_gb: float | None = Field(None, gt=0, **_Finite)
+    link_gb_s: float | None = Field(None, gt=0, **_Finite)
+    link_latency_us: float = Field(0.0, ge=0, **_Finite)
 
 
-class Model(_Section):
+class Model(_Preset):
+    section: ClassVar[str] = "model"
     weight_gb: float = Field(15.008, ge=0, **_Finite)
     kv_bytes_per_token: float = Field(131072.0, ge=0, **_Finite)
+    # None: no compute cost (the lesson)
+    params_b: float | None = Field(None, gt=0, **_Finite)
+    n_layers: Int | None = Field(None, ge=1)
+    attn_dim: Int | None = Field(None, ge=1)
+    hidden: Int | None = Field(None, ge=1)
 
 
 class Engine(_Section):
@@ -59,6 +101,14 @@ class Engine(_Section):
     # None: no cap beyond max_batch.
     max_concurrent: Int | None = Field(None, ge=1)
     window_ms: float = Field(50.0, ge=0, **_Finite)
+    # Token budget per step (vLLM's max_num_batched_tokens); None: unlimited (no chunked prefill)
+    max_batched_tokens: Int | None = Field(None, ge=1)
+    tp: Int = Field(1, ge=1)
+    kv_alloc: Literal["paged", "reserve"] = "paged"
+    block_tokens: Int = Field(16, ge=1)
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1, **_Finite)
+    reserved_gb: float = Field(2.0, ge=0, **_Finite)
+    kv_cache_gb: float | None = Field(None, gt=0, **_Finite)
 
     @field_validator("policy")
     @classmethod
@@ -97,6 +147,23 @@ class Workload(_Section):
     rng: Literal["stdlib", "numpy"] = "numpy"
     prompt_tokens: Int = Field(1000, ge=0)
     output: Output = Output()
+    prefix_tokens: Int = Field(0, ge=0)
+    # poisson: exponential gaps; gamma: gamma gaps of shape `burstiness` (1 = Poisson, < 1
+    # burstier, > 1 smoother; vLLM bench's --burstiness); constant: every 1/rate, from 1/rate
+    arrival: Literal["poisson", "gamma", "constant"] = "poisson"
+    burstiness: float = Field(1.0, gt=0, **_Finite)
+
+    @property
+    def max_output(self) -> int:
+        """The longest output the workload can produce."""
+        return self.output.value if self.output.dist == "fixed" else self.output.max
+
+
+class Calibration(_Section):
+    compute_efficiency: float = Field(1.0, gt=0, le=1, **_Finite)
+    bandwidth_efficiency: float = Field(1.0, gt=0, le=1, **_Finite)
+    step_overhead_ms: float = Field(0.0, ge=0, **_Finite)
+    api_overhead_ms: float = Field(0.0, ge=0, **_Finite)
 
 
 class Config(_Section):
@@ -105,6 +172,7 @@ class Config(_Section):
     model: Model = Model()
     engine: Engine = Engine()
     workload: Workload = Workload()
+    calibration: Calibration = Calibration()
     sweep: dict[str, list[Any]] = {}
 
     @field_validator("sweep")
@@ -126,7 +194,7 @@ class Config(_Section):
 
     def with_values(self, values: dict[str, Any]) -> Config:
         """A new config with dotted keys set to ``values`` (validated; the sweep is kept)."""
-        raw = self.model_dump()
+        raw = self.model_dump(exclude_unset=True)  # explicit keys only: a new preset fills the rest
         for key, value in values.items():
             _set_dotted(raw, key, value)
         return validate(raw)
@@ -170,21 +238,19 @@ def get_dotted(node: Any, key: str) -> Any:
     return node
 
 
-def validation_section(key: str) -> str:
-    """Where a value of ``key`` is validated: the outermost section above it that checks its
-    fields together (has a model validator), else the section that holds it ("" for the root).
-
-    Sweep axes with the same validation section are validated in combination; any others
-    independently, so a grid's set-up work grows with its axes' lengths, not with their product.
-    """
+def coupled_section(key: str) -> str | None:
+    """The outermost section above ``key`` that checks its fields together (has a model
+    validator: a preset, or min <= max), or None. Sweep axes in the same coupled section are
+    validated in combination, and a point takes that section whole from the validated
+    combination; any other axis is validated value by value, so a grid's set-up work grows
+    with its axes' lengths, not with their product."""
     parts = key.split(".")
     cls: type[BaseModel] = Config
-    chosen = None
     for depth, part in enumerate(parts[:-1]):
         cls = cls.model_fields[part].annotation
-        if chosen is None and cls.__pydantic_decorators__.model_validators:
-            chosen = depth + 1
-    return ".".join(parts[: len(parts) - 1 if chosen is None else chosen])
+        if cls.__pydantic_decorators__.model_validators:
+            return ".".join(parts[: depth + 1])
+    return None
 
 
 def section_validator(base: Config, section: str) -> Callable[[dict[str, Any]], BaseModel]:
@@ -192,7 +258,7 @@ def section_validator(base: Config, section: str) -> Callable[[dict[str, Any]], 
     section) set to given values, alone, and returns it; errors name the full key. The base
     section is read once, so validating many values costs one pydantic validation each."""
     node = get_dotted(base, section) if section else base
-    raw, cls = node.model_dump(), type(node)
+    raw, cls = node.model_dump(exclude_unset=True), type(node)
     skip = len(section) + 1 if section else 0
 
     def validate_with(values: dict[str, Any]) -> BaseModel:
@@ -245,11 +311,28 @@ def validate(raw: Any) -> Config:
     if not isinstance(raw, dict):
         raise ConfigError(f"config: expected a mapping of sections, got {type(raw).__name__}")
     try:
-        return Config.model_validate(raw)
+        config = Config.model_validate(raw)
     except ValidationError as exc:
         errors = exc.errors()
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         raise ConfigError(_describe(errors[0]) + more) from None
+    for _, check in cross_checks():
+        check(config)
+    return config
+
+
+def _stdlib_stream_is_poisson(config: Config) -> None:
+    w = config.workload
+    if w.rng == "stdlib" and w.arrival != "poisson":
+        raise ConfigError(f"workload.arrival: {w.arrival!r} needs workload.rng: numpy (the lesson's stream is Poisson)")
+
+
+def cross_checks() -> list[tuple[tuple[str, ...], Callable[[Config], None]]]:
+    """Checks that span sections, each with the key prefixes it reads (a sweep runs it on every
+    combination of the axes under them): (prefixes, check raising ConfigError)."""
+    from . import cost  # the cost model knows which engines can never run
+
+    return [(("workload.rng", "workload.arrival"), _stdlib_stream_is_poisson), (cost.CHECKED_KEYS, cost.check)]
 
 
 class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # libyaml's parser when present

@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from . import __version__
-from .config import Config, ConfigError, get_dotted, section_validator, validation_section
+from .config import Config, ConfigError, coupled_section, cross_checks, get_dotted, section_validator
 from .metrics import METRICS
 from .simulation import simulate
 from .traffic import generate
@@ -45,11 +45,18 @@ MIN_REQUESTS_FOR_THREADS = 2000
 class Grid:
     """A validated sweep: the base config and each axis's values, normalised (``1e3`` on an
     integer axis is ``1000``). Points are flat indices in C order of the axes (the last axis
-    varies fastest); a point's config is built on demand, without validating it again."""
+    varies fastest); a point's config is built on demand, without validating it again.
+
+    Axes of a coupled section (:func:`~fastsim.config.coupled_section`: a preset fills the rest
+    of the section, or fields are checked together) are not set key by key: a point takes the
+    whole section validated for its combination of those axes' values (``sections``).
+    """
 
     base: Config
     keys: tuple[str, ...]
     axes: tuple[tuple[Any, ...], ...]
+    # coupled section -> (positions of its axes in ``keys``, {their value indices: section})
+    sections: dict[str, tuple[tuple[int, ...], dict[tuple[int, ...], Any]]]
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -59,50 +66,91 @@ class Grid:
     def size(self) -> int:
         return math.prod(self.shape)
 
-    def values(self, index: int) -> dict[str, Any]:
-        """{dotted key: value} of the point at flat ``index``."""
-        point = {}
-        for key, values in zip(reversed(self.keys), reversed(self.axes)):
-            index, j = divmod(index, len(values))
-            point[key] = values[j]
-        return point
-
     @property
     def max_requests(self) -> int:
         """The most requests any point simulates."""
         key = "workload.n_requests"
         return max(self.axes[self.keys.index(key)]) if key in self.keys else self.base.workload.n_requests
 
+    def indices(self, index: int) -> tuple[int, ...]:
+        """Per-axis value indices of the point at flat ``index``."""
+        out = []
+        for values in reversed(self.axes):
+            index, j = divmod(index, len(values))
+            out.append(j)
+        return tuple(reversed(out))
+
+    def config_at(self, idx: tuple[int, ...]) -> Config:
+        """The config of the point with per-axis value indices ``idx``."""
+        values = {key: values[j] for key, values, j in zip(self.keys, self.axes, idx)}
+        for section, (positions, objects) in self.sections.items():
+            for p in positions:
+                del values[self.keys[p]]
+            values[section] = objects[tuple(idx[p] for p in positions)]
+        return self.base.at(values)
+
     def config(self, index: int) -> Config:
-        return self.base.at(self.values(index))
+        return self.config_at(self.indices(index))
 
 
 def build_grid(config: Config) -> Grid:
     """Validate ``config.sweep`` into a :class:`Grid`; errors name the axis and the value.
 
-    Axes are validated per section (:func:`~fastsim.config.validation_section`): each value once,
-    or, where several axes meet in a section that checks its fields together (``output.min`` and
-    ``output.max``), each combination of those axes. Never every point of the grid.
+    Each axis value is validated once; axes of one coupled section in combination; and the
+    checks that span sections (:func:`fastsim.config.cross_checks`) on every combination of the axes they
+    read. Never every point of the grid (unless every axis is one that those checks read).
     """
-    groups: dict[str, list[str]] = {}
-    for key in config.sweep:
-        groups.setdefault(validation_section(key), []).append(key)
-    normalised = {key: [None] * len(values) for key, values in config.sweep.items()}
-    for section, keys in groups.items():
-        validate = section_validator(config, section)
-        ranges = [range(len(config.sweep[k])) for k in keys]
-        for combo in itertools.product(*ranges):
-            values = {k: config.sweep[k][j] for k, j in zip(keys, combo)}
+    keys = list(config.sweep)
+    normalised: dict[str, list[Any]] = {k: [None] * len(v) for k, v in config.sweep.items()}
+    groups: dict[str | None, list[str]] = {}
+    for key in keys:
+        groups.setdefault(coupled_section(key), []).append(key)
+    sections: dict[str, tuple[tuple[int, ...], dict[tuple[int, ...], Any]]] = {}
+    validators: dict[str, Callable[[dict[str, Any]], Any]] = {}
+
+    def validated(section: str, values: dict[str, Any]) -> Any:
+        if section not in validators:
+            validators[section] = section_validator(config, section)
+        try:
+            return validators[section](values)
+        except ConfigError as exc:
+            if len(values) == 1:
+                ((key, value),) = values.items()
+                raise ConfigError(f"sweep axis {key!r}, value {value!r}: {exc}") from None
+            raise ConfigError(f"sweep point {values}: {exc}") from None
+
+    for key in groups.pop(None, []):  # value by value, in the section that holds the key
+        section = key.rsplit(".", 1)[0] if "." in key else ""
+        for j, value in enumerate(config.sweep[key]):
+            node = validated(section, {key: value})
+            normalised[key][j] = get_dotted(node, key[len(section) + 1 :] if section else key)
+    for section, group in groups.items():
+        objects = {}
+        for combo in itertools.product(*(range(len(config.sweep[k])) for k in group)):
+            node = validated(section, {k: config.sweep[k][j] for k, j in zip(group, combo)})
+            objects[combo] = node
+            for k, j in zip(group, combo):
+                normalised[k][j] = get_dotted(node, k[len(section) + 1 :])
+        sections[section] = (tuple(keys.index(k) for k in group), objects)
+    grid = Grid(config, tuple(keys), tuple(tuple(normalised[k]) for k in keys), sections)
+    _check_combinations(grid)
+    return grid
+
+
+def _check_combinations(grid: Grid) -> None:
+    """Run each cross-section check on every combination of the axes it reads (the others at
+    their first value)."""
+    for prefixes, check in cross_checks():
+        read = [p for p, k in enumerate(grid.keys) if k.startswith(prefixes)]
+        for combo in itertools.product(*(range(len(grid.axes[p])) for p in read)):
+            idx = [0] * len(grid.keys)
+            for p, j in zip(read, combo):
+                idx[p] = j
             try:
-                node = validate(values)
+                check(grid.config_at(tuple(idx)))
             except ConfigError as exc:
-                if len(keys) == 1:
-                    ((key, value),) = values.items()
-                    raise ConfigError(f"sweep axis {key!r}, value {value!r}: {exc}") from None
-                raise ConfigError(f"sweep point {values}: {exc}") from None
-            for k, j in zip(keys, combo):
-                normalised[k][j] = get_dotted(node, k[len(section) + 1 :] if section else k)
-    return Grid(config, tuple(config.sweep), tuple(tuple(normalised[k]) for k in config.sweep))
+                point = {grid.keys[p]: grid.axes[p][j] for p, j in zip(read, combo)}
+                raise ConfigError(f"sweep point {point}: {exc}") from None
 
 
 def run_block(grid: Grid, block: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -220,12 +268,15 @@ def _in_process(grid: Grid, blocks: list[np.ndarray]) -> Results:
 
 
 def _warm_up() -> None:
-    """Load (or compile) every kernel, so that workers never compile concurrently."""
+    """Load (or compile) every kernel, the lesson's and the serving model's, so that workers
+    never compile concurrently."""
     from .kernels import POLICIES
 
     tiny = Config().with_values({"workload.n_requests": 2})
+    serving = {"engine.max_batched_tokens": 64, "engine.kv_cache_gb": 1.0}
     for policy in POLICIES:
         simulate(tiny.with_values({"engine.policy": policy}))
+        simulate(tiny.with_values({"engine.policy": policy, **serving}))
 
 
 def _threads(grid: Grid, blocks: list[np.ndarray], workers: int) -> Results:

@@ -40,6 +40,19 @@ AXIS_UNITS = {
     "min": "tokens",
     "max": "tokens",
     "value": "tokens",
+    "peak_tflops": "TFLOP/s",
+    "mem_gb": "GB",
+    "link_gb_s": "GB/s",
+    "link_latency_us": "us",
+    "params_b": "1e9 parameters",
+    "max_batched_tokens": "tokens",
+    "tp": "GPUs",
+    "block_tokens": "tokens",
+    "reserved_gb": "GB",
+    "kv_cache_gb": "GB",
+    "step_overhead_ms": "ms",
+    "api_overhead_ms": "ms",
+    "prefix_tokens": "tokens",
 }
 
 

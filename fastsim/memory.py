@@ -1,9 +1,11 @@
 """How much memory a run or a sweep needs, estimated before anything is allocated.
 
-The estimate is an upper bound built from what a run holds at its peak, per request: the traffic
-(arrival, prompt, output), what generating it allocates on the way, the kernel's per-request
-state (first token, done, calendar link and due step), and the metrics' latency arrays. The
-completion calendar is bounded (``kernels.RING_MAX`` buckets), so no token count drives memory.
+The estimate is an upper bound built from what a run allocates at its peak, per request: the
+traffic (arrival, prompt, output), what generating it allocates on the way, the kernel's
+per-request state (first token, done, calendar links and due steps, token counters), the record
+of step runs (room for three a request, 32 bytes each: the per-step records the inter-token
+latencies come from), and the metrics' latency arrays. The completion calendar is bounded
+(``kernels.RING_MAX`` buckets), so no token count drives memory.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import re
 
 from .config import Config, ConfigError
 
-BYTES_PER_REQUEST = 112  # measured peak ~80 (tests/test_memory.py checks the bound)
+BYTES_PER_REQUEST = 256  # measured peak 176 to 233 (tests/test_memory.py checks the bound)
 BYTES_PER_RUN = 1 << 20  # calendar (512 KiB at most) and small arrays
 BYTES_PER_POINT = 4 * 8  # per metric of a sweep's table: the table, a checkpoint copy, output
 

@@ -26,16 +26,7 @@ class Result:
 
 def measure(config: Config, traffic: Traffic, out: kernels.Outcome) -> dict[str, float]:
     """The metrics of a kernel's outcome on ``traffic``."""
-    return metrics.compute(
-        traffic.arrival_s,
-        traffic.output_tokens,
-        out.first_token_s,
-        out.done_s,
-        out.steps,
-        out.busy_slot_steps,
-        out.max_queue,
-        config.engine.max_batch,
-    )
+    return metrics.compute(traffic.arrival_s, traffic.output_tokens, out, config.engine.max_batch)
 
 
 def simulate(config: Config, traffic: Traffic | None = None) -> Result:

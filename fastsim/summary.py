@@ -1,6 +1,7 @@
 """Human-readable summaries of a sweep's metrics table: plain rows of strings for the CLI.
 
-A small grid is shown whole, one row per point, with the lesson's columns and TPOT p99. A large
+A small grid is shown whole, one row per point, with the lesson's columns, TPOT p99 and ITL
+p99 (and preemptions and KV cache peak use when some point has them). A large
 one is shown compactly: per policy, the point with the best throughput. With a ``seed`` axis, every figure is
 the mean across seeds with the half-width of its 95 % confidence interval (Student's t).
 """
@@ -27,7 +28,21 @@ COLUMNS = [
     ("e2e_p50_s", "e2e p50", 1, "{:.1f}s"),
     ("e2e_p99_s", "e2e p99", 1, "{:.1f}s"),
     ("tpot_p99_s", "TPOT p99", 1000, "{:.1f}ms"),
+    ("itl_p99_s", "ITL p99", 1000, "{:.1f}ms"),
 ]
+# Shown only when some point has them: preemptions, and KV cache use with a limited cache.
+OPTIONAL_COLUMNS = [
+    ("preemptions", "preempt", 1, "{:.0f}"),
+    ("kv_peak_use", "KV peak", 100, "{:.0f}%"),
+]
+
+
+def columns(table: np.ndarray) -> list[tuple]:
+    """The summary's metric columns for a metrics table (the last axis indexes METRICS)."""
+    preemptions = table[..., METRIC_INDEX["preemptions"]]
+    kv = table[..., METRIC_INDEX["kv_peak_use"]]
+    shown = {"preemptions": bool((preemptions > 0).any()), "kv_peak_use": bool(np.isfinite(kv).any())}
+    return COLUMNS + [c for c in OPTIONAL_COLUMNS if shown[c[0]]]
 
 # Two-sided 95 % Student t quantiles for 1..30 degrees of freedom; beyond, the normal 1.96.
 _T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
@@ -65,9 +80,10 @@ def _label(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def summarize(grid: Grid, table: np.ndarray) -> tuple[str, list[str], list[list[str]]]:
-    """(title, column headers, rows) describing a sweep's metrics ``table``, which has shape
-    (*axis lengths, len(METRICS)) with axes in the order of ``grid.keys``."""
+def summarize(grid: Grid, table: np.ndarray) -> tuple[str, list[str], list[list[str]], int]:
+    """(title, column headers, rows, number of leading label columns) describing a sweep's
+    metrics ``table``, which has shape (*axis lengths, len(METRICS)) with axes in the order of
+    ``grid.keys``."""
     axes = {key.rsplit(".", 1)[-1]: values for key, values in zip(grid.keys, grid.axes)}
     dims = [d for d in axes if d != "seed"]
     if "seed" in axes:  # seeds become the second-to-last axis: (*dims, seed, metric)
@@ -76,17 +92,18 @@ def summarize(grid: Grid, table: np.ndarray) -> tuple[str, list[str], list[list[
         table = table[..., np.newaxis, :]
     n_seeds = table.shape[-2]
     suffix = f" (mean ± 95% CI over {n_seeds} seeds)" if n_seeds > 1 else ""
-    headers = [h for _, h, _, _ in COLUMNS]
+    shown = columns(table)
+    headers = [h for _, h, _, _ in shown]
     shape = table.shape[:-2]
     n_rows = math.prod(shape)
 
     def row(index: tuple[int, ...], skip: str | None = None) -> list[str]:
         labels = [_label(axes[d][i]) for d, i in zip(dims, index) if d != skip]
-        return labels + [_cell(table[index], c) for c in COLUMNS]
+        return labels + [_cell(table[index], c) for c in shown]
 
     if n_rows <= FULL_TABLE_MAX_ROWS:
         rows = [row(index) for index in np.ndindex(*shape)]
-        return f"{n_rows} grid point{'s' * (n_rows != 1)}{suffix}", dims + headers, rows
+        return f"{n_rows} grid point{'s' * (n_rows != 1)}{suffix}", dims + headers, rows, len(dims)
     # Compact: per policy (or overall), the point with the best mean throughput.
     throughput = table[..., METRIC_INDEX["throughput_tok_s"]].mean(axis=-1)
     p = dims.index("policy") if "policy" in dims else None
@@ -98,4 +115,5 @@ def summarize(grid: Grid, table: np.ndarray) -> tuple[str, list[str], list[list[
             index = index[:p] + (k,) + index[p + 1 :]
         rows.append([str(policy or "all")] + row(index, skip="policy"))
     title = f"{n_rows} grid points: best throughput per policy{suffix}"
-    return title, ["policy"] + [d for d in dims if d != "policy"] + headers, rows
+    labels = ["policy"] + [d for d in dims if d != "policy"]
+    return title, labels + headers, rows, len(labels)

@@ -7,8 +7,9 @@ sorted by arrival. Two generators:
   ``random.Random(seed)``, accumulating arrivals in milliseconds, which reproduces the lesson's
   stream exactly. It is a Python loop: fine for thousands of requests.
 - ``rng: numpy`` draws vectorised from ``numpy.random.Generator``: arrivals and lengths come from
-  two independent child streams of ``SeedSequence(seed)``, as standard exponentials and normals that
-  are then scaled. So the same seed gives the same underlying numbers at every rate, length
+  two independent child streams of ``SeedSequence(seed)``, as standard exponentials (or gammas of
+  shape ``burstiness``; or none, for constant arrivals every 1/rate) and normals that are then
+  scaled. So the same seed gives the same underlying numbers at every rate, length
   distribution or request count (common random numbers for paired comparisons).
 
 Both draw the normal variate even for ``dist: fixed``, so changing the length distribution never
@@ -66,9 +67,18 @@ def _stdlib_draws(w: Workload) -> tuple[np.ndarray, np.ndarray]:
 
 def _numpy_draws(w: Workload) -> tuple[np.ndarray, np.ndarray]:
     arrivals_ss, lengths_ss = np.random.SeedSequence(w.seed).spawn(2)
-    gaps = np.random.default_rng(arrivals_ss).standard_exponential(w.n_requests)
-    gaps /= w.rate
+    if w.arrival == "constant":
+        arrival = np.arange(1, w.n_requests + 1) / w.rate
+    else:
+        rng = np.random.default_rng(arrivals_ss)
+        if w.arrival == "gamma":  # mean 1/rate, coefficient of variation 1/sqrt(burstiness)
+            gaps = rng.standard_gamma(w.burstiness, w.n_requests)
+            gaps /= w.burstiness * w.rate
+        else:
+            gaps = rng.standard_exponential(w.n_requests)
+            gaps /= w.rate
+        arrival = np.cumsum(gaps)
     normal = np.random.default_rng(lengths_ss).standard_normal(w.n_requests)
     normal *= w.output.sigma
     normal += w.output.mu
-    return np.cumsum(gaps), normal
+    return arrival, normal

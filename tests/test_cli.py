@@ -9,7 +9,7 @@ import numpy as np
 import xarray as xr
 from typer.testing import CliRunner
 
-from fastsim import load_config, simulate
+from fastsim import Config, load_config, simulate
 from fastsim.cli import app
 from fastsim.metrics import METRICS
 
@@ -59,11 +59,22 @@ def test_requests_out_unwritable_exits_2(root, tmp_path):
 
 
 def test_bench_runs_and_checks():
-    result = CliRunner().invoke(app, ["bench", "--n", "20000", "--repeats", "1"])
+    result = CliRunner().invoke(app, ["bench", "--n", "20000", "--repeats", "1", "--sweep-points", "400"])
     assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
     for policy in ("static", "dynamic", "continuous"):
-        assert result.stdout.count(policy) == 2  # both rates
-    assert "first call" in result.stdout
+        assert sum(line.split()[:2] == ["lesson", policy] for line in lines) == 2  # both rates
+    assert sum(line.startswith(" serving (h100)  continuous") for line in lines) == 2
+    assert "first call" in result.stdout and "sweep overhead: 400 points" in result.stdout
+
+
+def test_bench_serving_scenario_is_configs_h100(root):
+    from fastsim.bench import SERVING
+
+    h100 = load_config(root / "configs/h100.yaml")
+    assert Config().with_values(SERVING).model_dump() == h100.with_values(
+        {"workload.n_requests": 3000, "workload.rate": 8, "workload.seed": 7}).model_copy(
+        update={"sweep": {}, "description": ""}).model_dump()
 
 
 def test_console_script_installed(root):

@@ -17,7 +17,13 @@ def test_contract_keys_all_exist():
     contract = """hardware.mem_bandwidth_tb_s model.weight_gb model.kv_bytes_per_token engine.policy
     engine.max_batch engine.max_concurrent engine.window_ms workload.n_requests workload.rate workload.seed
     workload.rng workload.prompt_tokens workload.output.dist workload.output.mu workload.output.sigma
-    workload.output.min workload.output.max workload.output.value""".split()
+    workload.output.min workload.output.max workload.output.value
+    hardware.preset hardware.peak_tflops hardware.mem_gb hardware.link_gb_s hardware.link_latency_us
+    model.preset model.params_b model.n_layers model.attn_dim model.hidden
+    engine.max_batched_tokens engine.tp engine.kv_alloc engine.block_tokens engine.gpu_memory_utilization
+    engine.reserved_gb engine.kv_cache_gb calibration.compute_efficiency calibration.bandwidth_efficiency
+    calibration.step_overhead_ms calibration.api_overhead_ms workload.prefix_tokens workload.arrival
+    workload.burstiness""".split()
     assert sorted(contract) == sorted(LEAF_KEYS)
 
 

@@ -19,7 +19,7 @@ def one_line(result):
 def test_a_billion_requests_is_refused_with_the_key_and_the_estimate(root, monkeypatch):
     monkeypatch.setattr(memory, "available_bytes", lambda: 21_000_000_000)
     result = CliRunner().invoke(app, ["run", str(root / "configs/h100.yaml"), "--set", "workload.n_requests=1e9"])
-    assert one_line(result) == "error: workload.n_requests: 1,000,000,000 requests need ~112 GB, 21 GB available"
+    assert one_line(result) == "error: workload.n_requests: 1,000,000,000 requests need ~256 GB, 21 GB available"
 
 
 def test_max_memory_option(root):
@@ -37,7 +37,7 @@ def test_sweep_refusal_counts_workers_and_the_table(root, tmp_path):
     assert "20,000 requests a point on 2 workers need ~" in line
     big_grid = ["--set", "workload.n_requests=1", "--set", f"sweep.workload.seed=[{','.join(map(str, range(30000)))}]"]
     line = one_line(CliRunner().invoke(app, ["sweep", cfg, *big_grid, "--max-memory", "8MB", "--out", str(out)]))
-    assert line.startswith("error: sweep: 9,450,000 points need ~")
+    assert line.startswith("error: sweep: 2,970,000 points need ~")  # 99 x 30,000
     assert not list(tmp_path.iterdir())
 
 
@@ -50,10 +50,13 @@ def test_longest_output_does_not_drive_memory():
 
 def test_estimate_bounds_the_measured_peak():
     config = Config().with_values({"workload.n_requests": 200_000, "workload.rate": 40})
-    simulate(config.with_values({"workload.n_requests": 10}))  # compile outside the measurement
-    for policy in ("static", "continuous"):
+    serving = {"hardware.preset": "h100-sxm", "model.preset": "llama-3.1-8b", "engine.max_batched_tokens": 8192}
+    cases = [{"engine.policy": p} for p in ("static", "continuous")] + [{**serving, "engine.policy": "continuous"}]
+    for case in cases:  # compile outside the measurement
+        simulate(config.with_values({**case, "workload.n_requests": 10}))
+    for policy in cases:
         tracemalloc.start()
-        simulate(config.with_values({"engine.policy": policy}))
+        simulate(config.with_values(policy))
         _, peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()
         assert peak <= memory.run_bytes(config), (policy, peak / 200_000)

@@ -1,71 +1,28 @@
-"""Step-loop kernels for the batching policies, and the registry that picks one.
+"""The lesson model's kernels (DESIGN.md): every serving-model addition off, the fastest path.
 
-Semantics are DESIGN.md's lesson model. Each kernel is a deterministic function of struct-of-arrays
-request state; the waiting queue is the index range ``[qhead, head)`` of the arrival-sorted arrays
-(requests ``< qhead`` have been admitted, requests ``>= head`` have not arrived yet).
+Each kernel is a deterministic function of struct-of-arrays request state; the waiting queue is
+the index range ``[qhead, head)`` of the arrival-sorted arrays (requests ``< qhead`` have been
+admitted, requests ``>= head`` have not arrived yet). A step costs ``t_weight + t_kv * ctx``.
 
 Two things keep the work per step independent of the batch size:
 
 - ``ctx`` (the KV tokens read by the next step) is a running sum: admission adds the prompt, each
   step adds one token per unfinished member, a departure subtracts what the request held.
-- Completions come from a calendar: a request admitted after step ``s`` emits its last token at
-  step ``due = s + output``, so it is filed in bucket ``due % ring``; each step visits only its own
-  bucket and finishes the members due then. ``ring`` is ``max(output) + 1`` capped at
-  ``RING_MAX``, so the calendar's memory never grows with the longest output: a request due
-  ``ring`` or more steps ahead waits in its bucket through whole turns of the ring. The bucket of
-  the current step is tracked as a wrapping ``cursor`` (no integer division in the loop).
+- Completions come from the bounded calendar of :mod:`._calendar`, tracked by a wrapping
+  ``cursor`` (no integer division in the loop).
 
 And most iterations change nothing but the clock: while nobody can be admitted and nobody
-finishes, a tight fast path runs bare steps (about 4 ns each here) until the next event.
+finishes, a tight fast path runs bare steps (about 4 ns each here) until the next event. Each
+general step and each fast-path run is recorded as a step run (the lesson's cost reads C only,
+so N is recorded as 0 and A as C) for the inter-token latencies.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
-
 import numpy as np
 
-from ._jit import inline, jit
-from .config import Config
-from .traffic import Traffic
-
-
-RING_MAX = 1 << 16  # calendar buckets at most (512 KiB)
-
-
-@inline
-def _file(bucket, link, due, cursor, steps, i, steps_left):
-    """File request ``i`` in the completion calendar: it finishes ``steps_left`` steps after
-    step ``steps``, whose bucket is ``cursor``."""
-    due[i] = steps + steps_left
-    if steps_left >= bucket.size:
-        steps_left %= bucket.size
-    b = cursor + steps_left
-    b = b - bucket.size if b >= bucket.size else b
-    link[i] = bucket[b]
-    bucket[b] = i
-
-
-@inline
-def _due_now(bucket, link, due, cursor, steps):
-    """Unlink and return the members of bucket ``cursor`` due at step ``steps``, as a linked
-    list (-1 ends it); members due in a later turn of the ring stay filed."""
-    first = -1
-    keep = -1
-    i = bucket[cursor]
-    while i >= 0:
-        nxt = link[i]
-        if due[i] == steps:
-            link[i] = first
-            first = i
-        else:
-            link[i] = keep
-            keep = i
-        i = nxt
-    bucket[cursor] = keep
-    return first
-
+from .._jit import inline, jit
+from ._calendar import RING_MAX, due_now, file, record
 
 @inline
 def _steps_until_completion(arrival, head, bucket, cursor, now, steps, ctx, busy, active, t_weight, t_kv):
@@ -90,7 +47,7 @@ def _steps_until_completion(arrival, head, bucket, cursor, now, steps, ctx, busy
 
 
 @jit
-def _continuous(arrival, prompt, output, limit, t_weight, t_kv, first_token, done):
+def _continuous(arrival, prompt, output, limit, t_weight, t_kv, first_token, done, runs):
     """Continuous (iteration-level) batching.
 
     Parameters
@@ -101,10 +58,12 @@ def _continuous(arrival, prompt, output, limit, t_weight, t_kv, first_token, don
     t_weight, t_kv : float    step time = t_weight + t_kv * ctx seconds
     first_token, done : float64 (n,)    filled with the end times of each request's first and
         last token steps
+    runs : int64 (capacity, 4)    step runs (see :mod:`._calendar`): the kernel returns how many
+        it needed
 
     Returns
     -------
-    (steps, busy_slot_steps, max_queue)
+    (steps, busy_slot_steps, max_queue, number of runs)
     """
     n = arrival.size
     ring = min(output.max() + 1, RING_MAX)
@@ -120,13 +79,14 @@ def _continuous(arrival, prompt, output, limit, t_weight, t_kv, first_token, don
     steps = 0
     busy = 0
     max_queue = 0
+    nruns = 0
     while qhead < n or running > 0:
         while head < n and arrival[head] <= now:
             head += 1
         admitted = qhead
         take = min(limit - running, head - qhead)
         for i in range(qhead, qhead + take):
-            _file(bucket, link, due, cursor, steps, i, output[i])
+            file(bucket, link, due, cursor, steps, i, output[i])
             ctx += prompt[i]
         qhead += take
         running += take
@@ -134,14 +94,16 @@ def _continuous(arrival, prompt, output, limit, t_weight, t_kv, first_token, don
         if running == 0:  # idle and nothing queued: jump to the next arrival
             now = arrival[head]
             continue
-        now += t_weight + t_kv * ctx
+        d = t_weight + t_kv * ctx
+        nruns = record(runs, nruns, 0, ctx, ctx, 1, running - (qhead - admitted))
+        now += d
         steps += 1
         ctx += running
         busy += running
         for i in range(admitted, qhead):
             first_token[i] = now
         cursor = cursor + 1 if cursor + 1 < ring else 0
-        i = _due_now(bucket, link, due, cursor, steps)
+        i = due_now(bucket, link, due, cursor, steps)
         while i >= 0:
             done[i] = now
             ctx -= prompt[i] + output[i]
@@ -149,6 +111,7 @@ def _continuous(arrival, prompt, output, limit, t_weight, t_kv, first_token, don
             i = link[i]
         # Fast path: run the next iterations in which nobody is admitted and nobody finishes as
         # bare steps, stopping before a step with completions.
+        ctx0, steps0 = ctx, steps
         if running == limit:  # full: arrivals only lengthen the queue
             head, cursor, now, steps, ctx, busy = _steps_until_completion(
                 arrival, head, bucket, cursor, now, steps, ctx, busy, running, t_weight, t_kv
@@ -164,11 +127,14 @@ def _continuous(arrival, prompt, output, limit, t_weight, t_kv, first_token, don
                 ctx += running
                 busy += running
                 cursor = nxt
-    return steps, busy, max_queue
+        m = steps - steps0
+        if m > 0:
+            nruns = record(runs, nruns, 0, ctx0, ctx0, m, running)
+    return steps, busy, max_queue, nruns
 
 
 @jit
-def _batched(arrival, prompt, output, limit, window, t_weight, t_kv, first_token, done):
+def _batched(arrival, prompt, output, limit, window, t_weight, t_kv, first_token, done, runs):
     """Static (``window`` = inf) and dynamic batching: a batch runs until its longest member ends.
 
     Parameters as :func:`_continuous`, plus ``window`` (seconds): a batch also starts once the
@@ -191,6 +157,7 @@ def _batched(arrival, prompt, output, limit, window, t_weight, t_kv, first_token
     steps = 0
     busy = 0
     max_queue = 0
+    nruns = 0
     while qhead < n or active > 0:
         while head < n and arrival[head] <= now:
             head += 1
@@ -200,7 +167,7 @@ def _batched(arrival, prompt, output, limit, window, t_weight, t_kv, first_token
                 take = min(limit, waiting)
                 ctx = 0
                 for i in range(qhead, qhead + take):
-                    _file(bucket, link, due, cursor, steps, i, output[i])
+                    file(bucket, link, due, cursor, steps, i, output[i])
                     ctx += prompt[i]
                 batch_lo = qhead
                 batch_start = steps
@@ -213,69 +180,28 @@ def _batched(arrival, prompt, output, limit, window, t_weight, t_kv, first_token
                 nxt = min(nxt, arrival[qhead] + window)
             now = max(now, nxt)
             continue
-        now += t_weight + t_kv * ctx
+        first_step = steps == batch_start
+        d = t_weight + t_kv * ctx
+        nruns = record(runs, nruns, 0, ctx, ctx, 1, 0 if first_step else active)
+        now += d
         steps += 1
         ctx += active
         busy += active
-        if steps == batch_start + 1:
+        if first_step:
             for i in range(batch_lo, qhead):
                 first_token[i] = now
         cursor = cursor + 1 if cursor + 1 < ring else 0
-        i = _due_now(bucket, link, due, cursor, steps)
+        i = due_now(bucket, link, due, cursor, steps)
         while i >= 0:
             done[i] = now
             active -= 1
             i = link[i]
         if active > 0:  # nobody is admitted while a batch runs
+            ctx0, steps0 = ctx, steps
             head, cursor, now, steps, ctx, busy = _steps_until_completion(
                 arrival, head, bucket, cursor, now, steps, ctx, busy, active, t_weight, t_kv
             )
-    return steps, busy, max_queue
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What a kernel produces for one scenario."""
-
-    first_token_s: np.ndarray  # float64 (n,)
-    done_s: np.ndarray  # float64 (n,)
-    steps: int
-    busy_slot_steps: int
-    max_queue: int
-
-
-def _run_continuous(tr: Traffic, limit: int, window_s: float, t_weight: float, t_kv: float, ft, done):
-    return _continuous(tr.arrival_s, tr.prompt_tokens, tr.output_tokens, limit, t_weight, t_kv, ft, done)
-
-
-def _run_static(tr: Traffic, limit: int, window_s: float, t_weight: float, t_kv: float, ft, done):
-    return _batched(tr.arrival_s, tr.prompt_tokens, tr.output_tokens, limit, np.inf, t_weight, t_kv, ft, done)
-
-
-def _run_dynamic(tr: Traffic, limit: int, window_s: float, t_weight: float, t_kv: float, ft, done):
-    return _batched(tr.arrival_s, tr.prompt_tokens, tr.output_tokens, limit, window_s, t_weight, t_kv, ft, done)
-
-
-POLICIES: dict[str, Callable] = {
-    "static": _run_static,
-    "dynamic": _run_dynamic,
-    "continuous": _run_continuous,
-}
-"""Policy name -> kernel runner; config validation checks ``engine.policy`` against these keys."""
-
-
-def step_time_coefficients(config: Config) -> tuple[float, float]:
-    """(seconds per step for the weights read, seconds per KV token read): the roofline."""
-    bandwidth = config.hardware.mem_bandwidth_tb_s * 1e12  # bytes/s
-    return config.model.weight_gb * 1e9 / bandwidth, config.model.kv_bytes_per_token / bandwidth
-
-
-def run(config: Config, traffic: Traffic) -> Outcome:
-    """Simulate ``traffic`` on the engine ``config`` describes."""
-    n = len(traffic)
-    first_token = np.empty(n)
-    done = np.empty(n)
-    t_weight, t_kv = step_time_coefficients(config)
-    e = config.engine
-    steps, busy, max_queue = POLICIES[e.policy](traffic, e.limit, e.window_ms / 1000, t_weight, t_kv, first_token, done)
-    return Outcome(first_token, done, int(steps), int(busy), int(max_queue))
+            m = steps - steps0
+            if m > 0:
+                nruns = record(runs, nruns, 0, ctx0, ctx0, m, active)
+    return steps, busy, max_queue, nruns

@@ -1,0 +1,287 @@
+"""Exact inter-token latency quantiles from a run's step runs, without one value per token.
+
+Every gap between consecutive tokens of a request is either the duration of the step that
+emitted the later token (the request also emitted in the step before) or, for a request that
+skipped steps, an irregular gap the kernel recorded. The kernels record runs of steps (see
+:mod:`fastsim.kernels._calendar`) whose durations are recomputed exactly from the step-time
+formula: within a run they never decrease, so a run's steps in any value range form one
+contiguous stretch, found by bisection.
+
+Selection: a sample of the runs brackets each wanted rank in a narrow window of values; one
+pass over the runs counts the gaps below the window (a run wholly below or above it costs two
+step-time evaluations, one reaching into it a short search) and keeps the few runs inside,
+among which sampled windows narrow further until a few thousand steps are listed and selected
+by weight. The work follows the number of runs, not of tokens. Quantiles use the lesson's rule
+(the sorted value at floor(p n)).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._jit import inline, jit
+from .cost import step_time
+
+BINS = 4096
+SMALL = 4096  # values sorted outright
+SAMPLES = 1 << 14  # runs (and gaps) sampled to bracket each rank
+LIST_MAX = 1 << 15  # steps listed and selected outright
+
+
+@inline
+def _duration(k, runs, r, j):
+    """Duration of step ``j`` of run ``r`` (the same operations as the kernel's). Element
+    access only: a row view would cost reference counting on every call."""
+    extra = j * (runs[r, 2] & 0xFFFFFFFF)
+    return step_time(k, runs[r, 2] >> 32, runs[r, 0] + extra, runs[r, 1] + extra)
+
+
+@inline
+def _first(k, runs, r, ja, jb, da, db, bound, strict):
+    """First step in [ja, jb] of run ``r`` whose duration is >= ``bound`` (> if ``strict``);
+    jb + 1 if none. ``da`` and ``db`` are the durations at ja and jb. Durations never decrease
+    within a run and grow almost linearly, so the search starts where a straight line between
+    the ends meets the bound and gallops from there (two or three evaluations, mostly)."""
+    if da > bound or (da == bound and not strict):
+        return ja
+    if db < bound or (db == bound and strict):
+        return jb + 1
+    lo, hi = ja, jb  # d(lo) is short of the bound, d(hi) meets it
+    g = ja + int((bound - da) / (db - da) * (jb - ja)) if db > da else (ja + jb) // 2
+    step = 1
+    while hi - lo > 1:
+        if g <= lo or g >= hi:
+            g = (lo + hi) // 2
+        d = _duration(k, runs, r, g)
+        if d > bound or (d == bound and not strict):
+            hi = g
+            g = hi - step
+        else:
+            lo = g
+            g = lo + step
+        step *= 2
+    return hi
+
+
+@jit
+def _weighted_select(values, weights, rank):
+    """The value of 0-based ``rank`` when each ``values[i]`` counts ``weights[i]`` times."""
+    while True:
+        n = values.size
+        lo = values.min()
+        hi = values.max()
+        if lo == hi:
+            return lo
+        if n <= SMALL:
+            order = np.argsort(values)
+            acc = 0
+            for t in order:
+                acc += weights[t]
+                if acc > rank:
+                    return values[t]
+            return values[order[-1]]
+        scale = BINS / (hi - lo)
+        hist = np.zeros(BINS, np.int64)
+        bins = np.empty(n, np.int64)
+        for t in range(n):
+            bins[t] = min(int((values[t] - lo) * scale), BINS - 1)
+            hist[bins[t]] += weights[t]
+        target = 0
+        while hist[target] <= rank:
+            rank -= hist[target]
+            target += 1
+        keep = bins == target
+        values = values[keep]
+        weights = weights[keep]
+
+
+@jit
+def _window(values, weights, f, margin):
+    """Values bracketing the weighted fraction ``f`` of a sample, ``margin`` either side."""
+    order = np.argsort(values)
+    values = values[order]
+    cum = np.cumsum(weights[order])
+    cum /= cum[-1]
+    a = np.searchsorted(cum, f - margin)
+    b = np.searchsorted(cum, f + margin)
+    low = values[a] if f - margin > 0 and a < values.size else -np.inf
+    high = values[b] if f + margin < 1 and b < values.size else np.inf
+    return low, high
+
+
+@jit
+def _refine(k, runs, cr, ca, cb, gvals, rank):
+    """The value of 0-based ``rank`` among steps ca..cb of runs cr (each counted w times) and the
+    gap values ``gvals``: narrow by sampled windows until few steps remain, then list them."""
+    before = -1  # steps listed before the last narrowing
+    while True:
+        nc = cr.size
+        listed = gvals.size
+        for c in range(nc):
+            listed += cb[c] - ca[c] + 1
+        if listed <= LIST_MAX or listed == before:  # few enough, or narrowing stopped helping
+            vals = np.empty(listed)
+            wts = np.empty(listed, np.int64)
+            t = 0
+            for c in range(nc):
+                r = cr[c]
+                for j in range(ca[c], cb[c] + 1):
+                    vals[t] = _duration(k, runs, r, j)
+                    wts[t] = runs[r, 2] & 0xFFFFFFFF
+                    t += 1
+            for v in gvals:
+                vals[t] = v
+                wts[t] = 1
+                t += 1
+            return _weighted_select(vals, wts, rank)
+        # a sample of the candidates: each stands for its steps at its middle step's value
+        sc = min(nc, SAMPLES)
+        sg = min(gvals.size, SAMPLES)
+        values = np.empty(sc + sg)
+        weights = np.empty(sc + sg)
+        total = 0.0
+        for t in range(sc):
+            c = t * nc // sc
+            values[t] = _duration(k, runs, cr[c], (ca[c] + cb[c]) // 2)
+            weights[t] = (cb[c] - ca[c] + 1) * (runs[cr[c], 2] & 0xFFFFFFFF) * (nc / sc)
+        for t in range(sg):
+            values[sc + t] = gvals[t * gvals.size // sg]
+            weights[sc + t] = gvals.size / sg
+        count = 0
+        for c in range(nc):
+            count += (cb[c] - ca[c] + 1) * (runs[cr[c], 2] & 0xFFFFFFFF)
+        count += gvals.size
+        f = rank / count
+        margin = 4 * np.sqrt(f * (1 - f) * (weights**2).sum()) / weights.sum() + 1e-4
+        while True:
+            low, high = _window(values, weights, f, margin)
+            below = 0
+            inside = 0
+            keep = 0
+            na = np.empty(nc, np.int64)
+            nb = np.empty(nc, np.int64)
+            nrun = np.empty(nc, np.int64)
+            for c in range(nc):
+                r = cr[c]
+                w = runs[r, 2] & 0xFFFFFFFF
+                da = _duration(k, runs, r, ca[c])
+                if da > high:
+                    continue
+                db = _duration(k, runs, r, cb[c])
+                if db < low:
+                    below += (cb[c] - ca[c] + 1) * w
+                    continue
+                ja = ca[c] if da >= low else _first(k, runs, r, ca[c], cb[c], da, db, low, False)
+                if ja > ca[c]:
+                    da = _duration(k, runs, r, ja)
+                jb = cb[c] if db <= high else _first(k, runs, r, ja, cb[c], da, db, high, True) - 1
+                below += (ja - ca[c]) * w
+                if ja <= jb:
+                    nrun[keep] = r
+                    na[keep] = ja
+                    nb[keep] = jb
+                    keep += 1
+                    inside += (jb - ja + 1) * w
+            gin = (gvals >= low) & (gvals <= high)
+            below += (gvals < low).sum()
+            inside += gin.sum()
+            if below <= rank < below + inside:
+                break
+            margin *= 4  # the sample misled: widen the window
+        if low == high:  # every step in the window has this one value
+            return low
+        before = listed
+        cr, ca, cb = nrun[:keep], na[:keep], nb[:keep]
+        gvals = gvals[gin]
+        rank -= below
+
+
+@jit
+def _sample(k, runs, gaps):
+    """A sample of the gaps, sorted by value, with cumulative weight fractions, and one over the
+    square root of its effective size: every (nr/S)-th run, standing for its m x w gaps at its
+    middle step's value, and every (ng/S)-th irregular gap."""
+    nr = runs.shape[0]
+    ng = gaps.size
+    sr = min(nr, SAMPLES)
+    sg = min(ng, SAMPLES)
+    values = np.empty(sr + sg)
+    weights = np.empty(sr + sg)
+    for t in range(sr):
+        r = t * nr // sr
+        values[t] = _duration(k, runs, r, runs[r, 3] // 2)
+        weights[t] = runs[r, 3] * (runs[r, 2] & 0xFFFFFFFF) * (nr / sr)
+    for t in range(sg):
+        values[sr + t] = gaps[t * ng // sg]
+        weights[sr + t] = ng / sg
+    spread = np.sqrt((weights**2).sum()) / weights.sum()  # 1 / sqrt(Kish's effective sample size)
+    order = np.argsort(values)
+    cum = np.cumsum(weights[order])
+    return values[order], cum / cum[-1], spread
+
+
+@jit
+def _select(k, runs, gaps, rank, total, values, cum, spread):
+    """The value of 0-based ``rank`` among the ``total`` inter-token gaps.
+
+    The sample (:func:`_sample`) brackets the rank in a narrow window of values, with a margin of
+    four standard errors; one pass over every run counts the gaps below the window and finds the
+    runs that reach into it; :func:`_refine` finishes among those. Should the window miss the
+    rank, its margin grows fourfold and the pass runs again.
+    """
+    nr = runs.shape[0]
+    f = rank / total
+    margin = 4 * np.sqrt(f * (1 - f)) * spread + 1e-4
+    room = nr // 4 + 1024  # a window reaches into a few per cent of the runs
+    while True:
+        a = np.searchsorted(cum, f - margin)
+        b = np.searchsorted(cum, f + margin)
+        low = values[a] if f - margin > 0 and a < values.size else -np.inf
+        high = values[b] if f + margin < 1 and b < values.size else np.inf
+        cr = np.empty(room, np.int64)
+        ca = np.empty(room, np.int64)
+        cb = np.empty(room, np.int64)
+        below = 0
+        inside = 0
+        keep = 0
+        for r in range(nr):
+            last = runs[r, 3] - 1
+            w = runs[r, 2] & 0xFFFFFFFF
+            da = _duration(k, runs, r, 0)
+            if da > high:
+                continue
+            db = _duration(k, runs, r, last)
+            if db < low:
+                below += (last + 1) * w
+                continue
+            ja, dja = 0, da
+            if da < low:
+                ja = _first(k, runs, r, 0, last, da, db, low, False)
+                dja = _duration(k, runs, r, ja)
+            jb = last if db <= high else _first(k, runs, r, ja, last, dja, db, high, True) - 1
+            below += ja * w
+            if ja <= jb:
+                if keep < room:
+                    cr[keep] = r
+                    ca[keep] = ja
+                    cb[keep] = jb
+                keep += 1
+                inside += (jb - ja + 1) * w
+        gin = (gaps >= low) & (gaps <= high)
+        below += (gaps < low).sum()
+        inside += gin.sum()
+        if keep > room:  # more runs reach into the window than there was room for
+            room = keep
+        elif below <= rank < below + inside:
+            return _refine(k, runs, cr[:keep], ca[:keep], cb[:keep], gaps[gin], rank - below)
+        else:
+            margin *= 4  # the sample misled: widen the window
+
+
+def quantiles(k: np.ndarray, runs: np.ndarray, gaps: np.ndarray, total: int, ps: tuple[float, ...]) -> list[float]:
+    """The lesson's quantiles of every inter-token gap: ``total`` of them (a request with o tokens
+    has o - 1), from the step runs and irregular gaps of a kernel. NaN when there are none."""
+    if total == 0:
+        return [float("nan")] * len(ps)
+    values, cum, spread = _sample(k, runs, gaps)
+    return [float(_select(k, runs, gaps, min(total - 1, int(p * total)), total, values, cum, spread)) for p in ps]

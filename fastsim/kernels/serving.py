@@ -1,0 +1,498 @@
+"""The serving model's kernels (DESIGN.md): prefill and decode compute, a token budget with
+chunked prefill, paged KV blocks with preemption by recompute, reservation, a shared prefix,
+tensor parallelism in the step cost. With every addition off they give the lesson's results to
+the bit; they are only used when an addition is on.
+
+Continuous batching keeps the work per step independent of the batch size:
+
+- Running requests are *decoders* (need one token a step) plus at most one *partial* row, the
+  newest admission, whose prompt (or recompute) did not fit in the last step's budget: a row is
+  partial only when the budget ran out on it, and then nothing newer was admitted. Since the
+  budget is at least the running limit (checked with the config, as in vLLM), every decoder gets
+  its token every step, so decoders are kept as sums: D of them holding SC computed tokens in
+  all read C = SC + D KV tokens and form A = SC + D query-key pairs a step, and their token
+  counts are derived from the step they became decoders.
+- Their completions come from a calendar (doubly linked, so a preempted request leaves it in
+  O(1)), their block boundaries from a ring of ``block_tokens`` counters: a decoder needs a new
+  block every ``block_tokens`` steps, at a fixed phase.
+- Preemption victims are the tail of the admission-ordered running list. When the free blocks
+  cannot cover this step's needs, the step walks the running list oldest first and preempts
+  from the tail exactly as the rules say; otherwise no one is preempted and the sums suffice.
+- While nobody can be admitted, finish or run out of blocks, a fast path runs bare steps.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .._jit import inline, jit
+from ..cost import step_time
+from ._calendar import RING_MAX, due_now, file, record
+
+
+@inline
+def _cdiv(a, b):
+    return -(-a // b)
+
+
+@inline
+def _cal_file(bucket, cnext, cprev, due, cursor, steps, i, steps_left):
+    """File request ``i`` (due ``steps_left`` steps after step ``steps``, whose bucket is
+    ``cursor``) in a doubly linked calendar: ``cprev`` of a bucket's first member is -2 - bucket."""
+    due[i] = steps + steps_left
+    if steps_left >= bucket.size:
+        steps_left %= bucket.size
+    b = cursor + steps_left
+    b = b - bucket.size if b >= bucket.size else b
+    first = bucket[b]
+    cnext[i] = first
+    cprev[i] = -2 - b
+    if first >= 0:
+        cprev[first] = i
+    bucket[b] = i
+
+
+@inline
+def _cal_remove(bucket, cnext, cprev, i):
+    nxt = cnext[i]
+    prv = cprev[i]
+    if prv >= 0:
+        cnext[prv] = nxt
+    else:
+        bucket[-2 - prv] = nxt
+    if nxt >= 0:
+        cprev[nxt] = prv
+
+
+@jit
+def _continuous(arrival, prompt, output, limit, k, budget, blocks, bt, reserve, pb, o_max, api,
+                first_token, done, runs, gaps):
+    """Continuous batching in the serving model.
+
+    Parameters
+    ----------
+    arrival : float64 (n,)    arrival times (s), non-decreasing
+    prompt, output : int64 (n,)    prompt and output lengths (tokens; output >= 1)
+    limit : int    most requests running at once
+    k : float64 (7,)    step-time coefficients (:func:`fastsim.cost.coefficients`)
+    budget : int    tokens computed per step at most (>= limit)
+    blocks : int    KV cache blocks, or -1 for unlimited
+    bt : int    tokens per block
+    reserve : bool    reserve ceil((prompt + o_max) / bt) blocks at admission (else paged)
+    pb : int    blocks pinned by the shared prefix (every admission starts with pb * bt tokens)
+    o_max : int    the longest output the workload can produce
+    api : float    seconds added to every token's time (the client's view)
+    first_token, done : float64 (n,)    filled with the times of each request's first and last token
+    runs : int64 (capacity, 4)    step runs (:mod:`._calendar`): the kernel returns how many it
+        needed
+    gaps : float64 (capacity,)    irregular inter-token gaps: the kernel returns how many it needed
+
+    Returns
+    -------
+    (steps, busy slot-steps, max_queue, preemptions, sum over steps of KV blocks in use,
+     peak KV blocks in use, number of runs, number of gaps)
+    """
+    n = arrival.size
+    cached = pb * bt
+    limited = blocks >= 0
+    paged = limited and not reserve
+    free = blocks - pb if limited else 0
+    g = np.zeros(n, np.int64)  # tokens emitted (decoders: as of step dbase)
+    c = np.zeros(n, np.int64)  # tokens computed (non-decoders)
+    dbase = np.zeros(n, np.int64)  # decoders: the step count when they became decoders
+    held = np.zeros(n, np.int64)  # blocks held beyond the prefix (reserve; paged non-decoders)
+    phase = np.zeros(n, np.int64)  # decoders: they need a new block at steps == phase (mod bt)
+    last_t = np.zeros(n)  # time of the last token
+    rprev = np.empty(n, np.int64)  # running list, in admission order
+    rnext = np.empty(n, np.int64)
+    rhead = -1
+    rtail = -1
+    running = 0
+    ring = min(output.max() + 1, RING_MAX)
+    bucket = np.full(ring, -1, np.int64)
+    cnext = np.empty(n, np.int64)
+    cprev = np.empty(n, np.int64)
+    due = np.empty(n, np.int64)
+    cursor = 0  # == steps % ring
+    bcount = np.zeros(bt, np.int64)  # decoders by block phase
+    n_dec = 0  # D
+    sum_c = 0  # SC: tokens computed by the decoders
+    partial = -1
+    pstack = np.empty(n, np.int64)  # preempted requests: the front of the waiting queue, last on top
+    ptop = 0
+    head = 0
+    qhead = 0
+    rows_i = np.empty(limit + 1, np.int64)  # this step's prefill rows
+    rows_c = np.empty(limit + 1, np.int64)
+    rows_n = np.empty(limit + 1, np.int64)
+    now = 0.0
+    steps = 0
+    busy = 0
+    max_queue = 0
+    preemptions = 0
+    kv_sum = 0
+    kv_peak = 0
+    nruns = 0
+    ngaps = 0
+    finished = 0
+    while finished < n:
+        while head < n and arrival[head] <= now:
+            head += 1
+        left = budget - n_dec  # decoders first: one token each, always within the budget
+        nrows = 0
+        preempted = False
+        # 1. running requests: decoders' new blocks, then the partial row (the tail)
+        ptake = 0
+        pneed = 0
+        if partial >= 0:
+            ptake = min(prompt[partial] + g[partial] - c[partial], left)
+            if paged:
+                pneed = _cdiv(c[partial] + ptake, bt) - pb - held[partial]
+        if paged and bcount[steps % bt] + pneed > free:
+            # not enough blocks for everyone: oldest first, preempting the newest as needed
+            j = rhead
+            while j >= 0:
+                if j == partial:
+                    need = pneed
+                else:
+                    cj = prompt[j] + g[j] + (steps - dbase[j]) - 1
+                    need = 1 if cj % bt == 0 else 0
+                gone = False
+                while need > free:
+                    v = rtail
+                    # preempt v: it leaves the running list, frees its blocks, recomputes later
+                    rtail = rprev[v]
+                    if rtail >= 0:
+                        rnext[rtail] = -1
+                    else:
+                        rhead = -1
+                    running -= 1
+                    if v == partial:
+                        free += held[v]
+                        partial = -1
+                    else:
+                        g[v] += steps - dbase[v]
+                        cv = prompt[v] + g[v] - 1
+                        free += _cdiv(cv, bt) - pb
+                        n_dec -= 1
+                        sum_c -= cv
+                        bcount[phase[v]] -= 1
+                        _cal_remove(bucket, cnext, cprev, v)
+                        last_t[v] = now  # a decoder emitted at the step just run
+                    held[v] = 0
+                    c[v] = 0
+                    pstack[ptop] = v
+                    ptop += 1
+                    preemptions += 1
+                    preempted = True
+                    if v == j:
+                        gone = True
+                        break
+                if gone:
+                    break
+                free -= need
+                if j == partial:
+                    held[j] += need
+                j = rnext[j]
+            left = budget - n_dec
+        elif paged:
+            free -= bcount[steps % bt] + pneed
+            if partial >= 0:
+                held[partial] += pneed
+        if partial >= 0:
+            rows_i[0] = partial
+            rows_c[0] = c[partial]
+            rows_n[0] = ptake
+            nrows = 1
+            left -= ptake
+        # 2. admission, only when nobody was preempted; the head of the queue blocks it
+        if not preempted:
+            while running < limit and left > 0 and (ptop > 0 or qhead < head):
+                i = pstack[ptop - 1] if ptop > 0 else qhead
+                take = min(prompt[i] + g[i] - cached, left)
+                if limited:
+                    need = _cdiv(prompt[i] + o_max, bt) - pb if reserve else _cdiv(cached + take, bt) - pb
+                    if need > free:
+                        break
+                    free -= need
+                    held[i] = need
+                if ptop > 0:
+                    ptop -= 1
+                else:
+                    qhead += 1
+                c[i] = cached
+                rprev[i] = rtail
+                rnext[i] = -1
+                if rtail >= 0:
+                    rnext[rtail] = i
+                else:
+                    rhead = i
+                rtail = i
+                running += 1
+                rows_i[nrows] = i
+                rows_c[nrows] = cached
+                rows_n[nrows] = take
+                nrows += 1
+                left -= take
+        max_queue = max(max_queue, ptop + head - qhead)
+        if nrows == 0 and n_dec == 0:
+            if running == 0 and ptop == 0 and qhead == head:
+                now = arrival[head]  # idle: jump to the next arrival
+            continue  # else the only runner preempted itself: it is admitted next iteration
+        # 3. the step
+        n_tok = n_dec
+        kv_tok = sum_c + n_dec
+        pairs = sum_c + n_dec
+        for r in range(nrows):
+            n_tok += rows_n[r]
+            kv_tok += rows_c[r] + rows_n[r]
+            pairs += rows_n[r] * (2 * rows_c[r] + rows_n[r] + 1) // 2
+        if limited:
+            used = blocks - free
+            kv_sum += used
+            kv_peak = max(kv_peak, used)
+        d = step_time(k, n_tok, kv_tok, pairs)
+        nruns = record(runs, nruns, n_tok, kv_tok, pairs, 1, n_dec)
+        now += d
+        steps += 1
+        busy += n_dec
+        sum_c += n_dec
+        cursor = cursor + 1 if cursor + 1 < ring else 0
+        # prefill rows: a row that reaches p + g computed tokens emits one
+        partial = -1
+        for r in range(nrows):
+            i = rows_i[r]
+            c[i] = rows_c[r] + rows_n[r]
+            if c[i] < prompt[i] + g[i]:
+                partial = i  # the budget ran out on it
+                continue
+            g[i] += 1
+            busy += 1
+            if g[i] == 1:
+                first_token[i] = now + api
+            else:  # a preempted request's first token after its recompute
+                if ngaps < gaps.size:  # else only counted: the driver runs again with room
+                    gaps[ngaps] = now - last_t[i]
+                ngaps += 1
+            if g[i] == output[i]:
+                done[i] = now + api
+                finished += 1
+                nx = rnext[i]
+                pv = rprev[i]
+                if pv >= 0:
+                    rnext[pv] = nx
+                else:
+                    rhead = nx
+                if nx >= 0:
+                    rprev[nx] = pv
+                else:
+                    rtail = pv
+                running -= 1
+                free += held[i]
+                held[i] = 0
+            else:  # a decoder from now on
+                dbase[i] = steps
+                n_dec += 1
+                sum_c += c[i]
+                phase[i] = (steps - c[i]) % bt
+                bcount[phase[i]] += 1
+                _cal_file(bucket, cnext, cprev, due, cursor, steps, i, output[i] - g[i])
+        # decoders due now finish
+        i = bucket[cursor]
+        while i >= 0:
+            nx = cnext[i]
+            if due[i] == steps:
+                _cal_remove(bucket, cnext, cprev, i)
+                done[i] = now + api
+                finished += 1
+                g[i] = output[i]
+                ci = prompt[i] + output[i] - 1
+                n_dec -= 1
+                sum_c -= ci
+                bcount[phase[i]] -= 1
+                if paged:
+                    free += _cdiv(ci, bt) - pb
+                elif limited:
+                    free += held[i]
+                    held[i] = 0
+                nr = rnext[i]
+                pv = rprev[i]
+                if pv >= 0:
+                    rnext[pv] = nr
+                else:
+                    rhead = nr
+                if nr >= 0:
+                    rprev[nr] = pv
+                else:
+                    rtail = pv
+                running -= 1
+            i = nx
+        # 4. fast path: only decoders, nobody to admit, until an arrival, a completion or a
+        # step whose new blocks do not fit
+        if partial >= 0 or n_dec == 0 or preempted:
+            continue
+        waiting = ptop + head - qhead
+        if waiting > 0 and running < limit:
+            i = pstack[ptop - 1] if ptop > 0 else qhead
+            if not limited or budget - n_dec <= 0:
+                continue
+            take = min(prompt[i] + g[i] - cached, budget - n_dec)
+            need = _cdiv(prompt[i] + o_max, bt) - pb if reserve else _cdiv(cached + take, bt) - pb
+            if need <= free:
+                continue  # the head can be admitted
+        kv0 = sum_c + n_dec
+        steps0 = steps
+        open_slot = running < limit and ptop + head - qhead == 0  # an arrival would be admitted
+        phase_now = steps % bt
+        used = blocks - free if limited else 0  # only grows here: its peak is its last value
+        while True:
+            if head < n and arrival[head] <= now:
+                if open_slot:
+                    break
+                while head < n and arrival[head] <= now:  # they only lengthen the queue
+                    head += 1
+            nxt = cursor + 1 if cursor + 1 < ring else 0
+            if bucket[nxt] >= 0:
+                break
+            if paged:
+                need = bcount[phase_now]
+                if need > free:
+                    break
+                free -= need
+                used += need
+                phase_now = phase_now + 1 if phase_now + 1 < bt else 0
+            kv_sum += used
+            now += step_time(k, n_dec, sum_c + n_dec, sum_c + n_dec)
+            steps += 1
+            busy += n_dec
+            sum_c += n_dec
+            cursor = nxt
+        kv_peak = max(kv_peak, used)
+        m = steps - steps0
+        if m > 0:
+            nruns = record(runs, nruns, n_dec, kv0, kv0, m, n_dec)
+    return steps, busy, max_queue, preemptions, kv_sum, kv_peak, nruns, ngaps
+
+
+@jit
+def _batched(arrival, prompt, output, limit, window, k, blocks, bt, pb, o_max, api, first_token, done, runs):
+    """Static (``window`` = inf) and dynamic batching in the serving model.
+
+    A batch takes whole prompts in its first step (no budget), then one token per row per step;
+    finished rows stay as padding (one token's compute, their whole KV read) until the batch
+    ends. With a KV limit (``blocks`` >= 0) a batch takes the longest run of queue-head requests
+    whose reservations (ceil((prompt + o_max) / bt) - pb blocks each) fit, and a batch that
+    memory stops from growing counts as full. Parameters as :func:`_continuous`.
+
+    Returns
+    -------
+    (steps, busy slot-steps, max_queue, sum over steps of KV blocks in use, peak, number of runs)
+    """
+    n = arrival.size
+    cached = pb * bt
+    ring = min(output.max() + 1, RING_MAX)
+    bucket = np.full(ring, -1, np.int64)
+    link = np.empty(n, np.int64)
+    due = np.empty(n, np.int64)
+    cursor = 0
+    now = 0.0
+    head = 0
+    qhead = 0
+    active = 0  # unfinished rows of the running batch; 0 means no batch
+    rows = 0
+    batch_lo = 0
+    batch_start = 0
+    used = pb
+    ctx = 0
+    steps = 0
+    busy = 0
+    max_queue = 0
+    kv_sum = 0
+    kv_peak = 0
+    nruns = 0
+    while qhead < n or active > 0:
+        while head < n and arrival[head] <= now:
+            head += 1
+        waiting = head - qhead
+        if active == 0 and waiting > 0:
+            fit = waiting
+            if blocks >= 0:
+                fit = 0
+                room = blocks - pb
+                while fit < waiting and fit < limit:
+                    need = _cdiv(prompt[qhead + fit] + o_max, bt) - pb
+                    if need > room:
+                        break
+                    room -= need
+                    fit += 1
+            take = min(limit, waiting, fit)
+            full = waiting >= limit or fit < min(limit, waiting)
+            if full or head == n or now >= arrival[qhead] + window:
+                ctx = 0
+                for i in range(qhead, qhead + take):
+                    file(bucket, link, due, cursor, steps, i, output[i])
+                    ctx += prompt[i]
+                if blocks >= 0:  # the prefix's blocks and every row's reservation
+                    used = pb
+                    for i in range(qhead, qhead + take):
+                        used += _cdiv(prompt[i] + o_max, bt) - pb
+                batch_lo = qhead
+                batch_start = steps
+                qhead += take
+                active = take
+                rows = take
+        max_queue = max(max_queue, head - qhead)
+        if active == 0:  # idle: jump to the next arrival or the head's window expiry
+            nxt = arrival[head] if head < n else np.inf
+            if qhead < head:
+                nxt = min(nxt, arrival[qhead] + window)
+            now = max(now, nxt)
+            continue
+        first_step = steps == batch_start
+        if first_step:
+            n_tok = 0
+            pairs = 0
+            for i in range(batch_lo, qhead):
+                t = prompt[i] - cached
+                n_tok += t
+                pairs += t * (2 * cached + t + 1) // 2
+        else:
+            n_tok = rows
+            pairs = ctx
+        if blocks >= 0:
+            kv_sum += used
+            kv_peak = max(kv_peak, used)
+        d = step_time(k, n_tok, ctx, pairs)
+        nruns = record(runs, nruns, n_tok, ctx, pairs, 1, 0 if first_step else active)
+        now += d
+        steps += 1
+        ctx += active
+        busy += active
+        if first_step:
+            for i in range(batch_lo, qhead):
+                first_token[i] = now + api
+        cursor = cursor + 1 if cursor + 1 < ring else 0
+        i = due_now(bucket, link, due, cursor, steps)
+        while i >= 0:
+            done[i] = now + api
+            active -= 1
+            i = link[i]
+        if active > 0:  # nobody is admitted while a batch runs: bare steps until a completion
+            ctx0, steps0 = ctx, steps
+            while True:
+                while head < n and arrival[head] <= now:
+                    head += 1
+                nxt = cursor + 1 if cursor + 1 < ring else 0
+                if bucket[nxt] >= 0:
+                    break
+                now += step_time(k, rows, ctx, ctx)
+                steps += 1
+                ctx += active
+                busy += active
+                cursor = nxt
+            m = steps - steps0
+            if blocks >= 0:
+                kv_sum += used * m
+            if m > 0:
+                nruns = record(runs, nruns, rows, ctx0, ctx0, m, active)
+    return steps, busy, max_queue, kv_sum, kv_peak, nruns

@@ -1,0 +1,56 @@
+"""The calibration against measured vLLM runs: the README's table is what fastsim predicts today,
+and the calibrated model stays within the errors the README states."""
+
+import re
+
+import pytest
+
+import fastsim
+
+# Measured on H100 SXM with vLLM V1 (the project's shared calibration data): facts.
+MEASURED = {  # (study, rate): TTFT mean and p99 (ms), e2e mean and p99 (s)
+    ("calibration-llama-2-7b", 8): (27.1, 36.6, 2.058, 2.402),
+    ("calibration-llama-2-7b", 20): (51.9, 72.5, 4.158, 5.241),
+    ("calibration-llama-2-70b-tp4", 8): (57.4, 120.6, 4.678, 6.450),
+    ("calibration-llama-2-70b-tp4", 20): (121.3, 986.8, 5.577, 6.656),
+}
+
+
+@pytest.fixture(scope="module")
+def predicted():
+    from .conftest import ROOT as root
+
+    out = {}
+    for study in ("calibration-llama-2-7b", "calibration-llama-2-70b-tp4"):
+        ds = fastsim.sweep(fastsim.load_config(root / "sweeps" / f"{study}.yaml"), workers=1)
+        for rate in (8, 20):
+            p = ds.sel(rate=rate)
+            out[study, rate] = (float(p.ttft_mean_s) * 1e3, float(p.ttft_p99_s) * 1e3,
+                                float(p.e2e_mean_s), float(p.e2e_p99_s))
+    return out
+
+
+def test_one_calibration_for_every_model(root):
+    h100 = fastsim.load_config(root / "configs/h100.yaml")
+    for study in ("calibration-llama-2-7b", "calibration-llama-2-70b-tp4"):
+        assert fastsim.load_config(root / "sweeps" / f"{study}.yaml").calibration == h100.calibration
+
+
+def test_readme_table_is_todays_prediction(root, predicted):
+    rows = [line for line in (root / "README.md").read_text().splitlines() if line.startswith("| Llama-2-")]
+    assert len(rows) == 4
+    for row, key in zip(rows, MEASURED):
+        numbers = [float(x) for x in re.findall(r"(?<![\w.])[-+]?\d+(?:\.\d+)?", row.split("|", 3)[3])]
+        got = predicted[key]
+        # per cell: measured, predicted, error (%)
+        cells = [numbers[i : i + 3] for i in range(0, 12, 3)]
+        for (measured, shown, error), value, fact, digits in zip(cells, got, MEASURED[key], (1, 1, 3, 3)):
+            assert measured == fact
+            assert shown == round(value, digits), (key, shown, value)
+            assert error == pytest.approx(100 * (value / fact - 1), abs=0.6)
+
+
+def test_mean_latencies_stay_within_the_stated_errors(predicted):
+    for key, (ttft, _, e2e, _) in predicted.items():
+        assert abs(e2e / MEASURED[key][2] - 1) <= 0.13 + 0.005, key
+        assert abs(ttft / MEASURED[key][0] - 1) <= 0.45 + 0.005, key
