@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 def _grid(config: Config, workers: int | None, scheduler: str | None, max_memory: int | None) -> Grid:
     """Validate the grid, and check that its largest point fits in memory on every local worker."""
     grid = build_grid(config)
-    largest = config.at({"workload.n_requests": grid.max_requests})
+    largest = config.at({"workload.n_requests": grid.max_requests, "workload.trace": None})
     local = scheduler is None or scheduler == "local"
     memory.check(largest, (workers or os.cpu_count() or 1) if local else 0, grid.size, max_memory)
     return grid

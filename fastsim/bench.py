@@ -120,6 +120,25 @@ def bench(
     return rows
 
 
+TRAFFIC_SHAPES = {
+    "lesson shape (Poisson, fixed prompts, lognormal outputs)": {},
+    "lognormal prompts, gamma arrivals (burstiness 0.5)": {
+        "workload.prompt.dist": "lognormal", "workload.arrival": "gamma", "workload.burstiness": 0.5},
+}
+
+
+def traffic_costs(n_requests: int = 1_000_000, repeats: int = 3) -> dict[str, float]:
+    """Seconds per request to generate traffic of each shape (numpy stream, best of ``repeats``)."""
+    out = {}
+    for name, values in TRAFFIC_SHAPES.items():
+        workload = Config().with_values({**values, "workload.n_requests": n_requests}).workload
+        seconds, traffic = _best_of(repeats, lambda: generate(workload))
+        if len(traffic) != n_requests:
+            raise BenchCheckFailed(f"traffic ({name}): {len(traffic)} requests, expected {n_requests}")
+        out[name] = seconds / n_requests
+    return out
+
+
 @dataclass(frozen=True)
 class SweepOverhead:
     points: int

@@ -237,8 +237,10 @@ def bench(
         "first call = JIT compile or cache load (excluded from the rest); "
         "end-to-end adds traffic generation and metrics; every run checked (all done, tokens conserved)."
     )
-    from .bench import sweep_overhead
+    from .bench import sweep_overhead, traffic_costs
 
+    for name, seconds in traffic_costs(n, repeats).items():
+        out.print(f"traffic generation, {name}: {seconds * 1e9:.0f} ns/request")
     o = sweep_overhead(sweep_points)
     out.print(
         f"sweep overhead: {o.points:,} points of 10 requests, one thread: set-up (validate, block) "

@@ -125,38 +125,67 @@ class Engine(_Section):
         return self.max_batch if self.max_concurrent is None else min(self.max_batch, self.max_concurrent)
 
 
-class Output(_Section):
-    dist: Literal["lognormal", "fixed"] = "lognormal"
+class _Lengths(_Section):
+    """A token-length distribution: ``fixed`` (``value``), ``lognormal`` (int(exp(N(mu, sigma)))
+    clamped to ``min``..``max``) or ``uniform`` (integers ``min``..``max``)."""
+
+    dist: Literal["fixed", "lognormal", "uniform"]
+
+    @model_validator(mode="after")
+    def _ordered(self) -> _Lengths:
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) must not exceed max ({self.max})")
+        return self
+
+    @property
+    def smallest(self) -> int:
+        return self.value if self.dist == "fixed" else self.min
+
+    @property
+    def largest(self) -> int:
+        return self.value if self.dist == "fixed" else self.max
+
+
+class Prompt(_Lengths):
+    dist: Literal["fixed", "lognormal", "uniform"] = "fixed"
+    value: Int = Field(1000, ge=0)
+    mu: float = Field(6.9, **_Finite)
+    sigma: float = Field(1.0, ge=0, **_Finite)
+    min: Int = Field(1, ge=0)
+    max: Int = Field(8192, ge=0)
+
+
+class Output(_Lengths):
+    dist: Literal["fixed", "lognormal", "uniform"] = "lognormal"
     mu: float = Field(4.5, **_Finite)
     sigma: float = Field(1.0, ge=0, **_Finite)
     min: Int = Field(1, ge=1)
     max: Int = Field(2000, ge=1)
     value: Int = Field(148, ge=1)
 
-    @model_validator(mode="after")
-    def _ordered(self) -> Output:
-        if self.min > self.max:
-            raise ValueError(f"min ({self.min}) must not exceed max ({self.max})")
-        return self
-
 
 class Workload(_Section):
-    n_requests: Int = Field(3000, ge=1)
-    rate: float = Field(8.0, gt=0, **_Finite)
+    # None: every request of workload.trace
+    n_requests: Int | None = Field(3000, ge=1)
+    # requests per second; with a trace, its arrival times are rescaled to this mean (None: as recorded)
+    rate: float | None = Field(8.0, gt=0, **_Finite)
     seed: Int = Field(7, ge=0)
     rng: Literal["stdlib", "numpy"] = "numpy"
-    prompt_tokens: Int = Field(1000, ge=0)
+    prompt: Prompt = Prompt()
     output: Output = Output()
     prefix_tokens: Int = Field(0, ge=0)
     # poisson: exponential gaps; gamma: gamma gaps of shape `burstiness` (1 = Poisson, < 1
     # burstier, > 1 smoother; vLLM bench's --burstiness); constant: every 1/rate, from 1/rate
     arrival: Literal["poisson", "gamma", "constant"] = "poisson"
     burstiness: float = Field(1.0, gt=0, **_Finite)
+    # a recorded trace (CSV) replacing arrivals and lengths; a relative path is relative to the
+    # config file that names it
+    trace: str | None = None
 
     @property
     def max_output(self) -> int:
-        """The longest output the workload can produce."""
-        return self.output.value if self.output.dist == "fixed" else self.output.max
+        """The longest output the workload's distribution can produce (not for traces)."""
+        return self.output.largest
 
 
 class Calibration(_Section):
@@ -293,8 +322,17 @@ def _set_dotted(raw: dict, key: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
+# Keys that were renamed: the error names the new one.
+RENAMED = {
+    "workload.prompt_tokens": "workload.prompt (a length distribution like workload.output: "
+    "dist fixed|lognormal|uniform; e.g. workload.prompt.value: 1000)",
+}
+
+
 def _describe(err: dict) -> str:
     key = ".".join(str(p) for p in err["loc"])
+    if err["type"] == "extra_forbidden" and key in RENAMED:
+        return f"{key}: replaced by {RENAMED[key]}"
     if err["type"] == "extra_forbidden":
         section = ".".join(str(p) for p in err["loc"][:-1])
         valid = [k for k in (*LEAF_KEYS, "description", "sweep") if k.startswith(section)]
@@ -321,18 +359,35 @@ def validate(raw: Any) -> Config:
     return config
 
 
-def _stdlib_stream_is_poisson(config: Config) -> None:
+def _workload_is_whole(config: Config) -> None:
     w = config.workload
-    if w.rng == "stdlib" and w.arrival != "poisson":
-        raise ConfigError(f"workload.arrival: {w.arrival!r} needs workload.rng: numpy (the lesson's stream is Poisson)")
+    for key, value in (("rate", w.rate), ("n_requests", w.n_requests)):
+        if value is None and w.trace is None:
+            raise ConfigError(f"workload.{key}: null (as recorded) needs a workload.trace")
+    if w.rng == "stdlib":  # the lesson's stream: Poisson arrivals, fixed prompts, its output lengths
+        for key, value, lesson in (("arrival", w.arrival, "poisson"), ("prompt.dist", w.prompt.dist, "fixed"),
+                                   ("output.dist", w.output.dist, "lognormal or fixed"), ("trace", w.trace, None)):
+            if value is not None and value not in lesson.split(" or "):
+                raise ConfigError(f"workload.{key}: {value!r} needs workload.rng: numpy "
+                                  f"(the lesson's stdlib stream has {key} {lesson})")
 
 
-def cross_checks() -> list[tuple[tuple[str, ...], Callable[[Config], None]]]:
+WORKLOAD_KEYS = ("workload.rate", "workload.n_requests", "workload.trace", "workload.rng", "workload.arrival",
+                 "workload.prompt.dist", "workload.output.dist")
+
+
+def cross_checks(read_traces: bool = False) -> list[tuple[tuple[str, ...], Callable[[Config], None]]]:
     """Checks that span sections, each with the key prefixes it reads (a sweep runs it on every
-    combination of the axes under them): (prefixes, check raising ConfigError)."""
+    combination of the axes under them): (prefixes, check raising ConfigError). Validation stays
+    inert; ``read_traces`` adds the check that reads trace files (a sweep's set-up, a run)."""
     from . import cost  # the cost model knows which engines can never run
 
-    return [(("workload.rng", "workload.arrival"), _stdlib_stream_is_poisson), (cost.CHECKED_KEYS, cost.check)]
+    checks = [(WORKLOAD_KEYS, _workload_is_whole), (cost.CHECKED_KEYS, cost.check)]
+    if read_traces:
+        from .trace import check_fits
+
+        checks.append((cost.CHECKED_KEYS + ("workload.trace", "workload.n_requests"), check_fits))
+    return checks
 
 
 class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # libyaml's parser when present
@@ -379,6 +434,16 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
     raw = {} if raw is None else raw
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping of sections, got {type(raw).__name__}")
+    workload = raw.get("workload")
+    if isinstance(workload, dict) and isinstance(workload.get("trace"), str):  # relative to this file
+        from .trace import path_relative_to
+
+        workload["trace"] = path_relative_to(path, workload["trace"])
+    traces = (raw.get("sweep") or {}).get("workload.trace") if isinstance(raw.get("sweep"), dict) else None
+    if isinstance(traces, list):
+        from .trace import path_relative_to
+
+        raw["sweep"]["workload.trace"] = [path_relative_to(path, t) if isinstance(t, str) else t for t in traces]
     parent = raw.pop("extends", None)
     if parent is None:
         return raw

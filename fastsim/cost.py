@@ -99,10 +99,10 @@ def check(config: Config) -> None:
             f"engine.max_batched_tokens ({e.max_batched_tokens}) must be at least the running limit, "
             f"min(engine.max_batch, engine.max_concurrent) ({e.limit}), as in vLLM"
         )
-    if w.prefix_tokens and w.prefix_tokens >= w.prompt_tokens:
+    if w.trace is None and w.prefix_tokens and w.prefix_tokens >= w.prompt.smallest:
         raise ConfigError(
             f"workload.prefix_tokens ({w.prefix_tokens}) must be shorter than every prompt "
-            f"(workload.prompt_tokens {w.prompt_tokens})"
+            f"(the shortest workload.prompt is {w.prompt.smallest})"
         )
     if e.tp > 1:
         shape = MODEL_SHAPES.get(m.preset) if m.preset else None
@@ -119,15 +119,23 @@ def check(config: Config) -> None:
             f"x engine.gpu_memory_utilization ({e.gpu_memory_utilization:g}) - engine.reserved_gb ({e.reserved_gb:g})) "
             f"= {e.tp * (hw.mem_gb * e.gpu_memory_utilization - e.reserved_gb):g} GB"
         )
+    if w.trace is None:
+        check_longest(config, w.prompt.largest, w.max_output, f"workload.prompt {w.prompt.largest} + output")
+
+
+def check_longest(config: Config, prompt: int, output: int, what: str) -> None:
+    """Refuse a workload whose longest request (``prompt`` + ``output`` tokens, described by
+    ``what``) cannot fit in the KV cache: it could never finish."""
+    e = config.engine
     blocks = kv_blocks(config)
-    longest = w.prompt_tokens + w.max_output
-    if blocks is not None and longest > blocks * e.block_tokens:
+    if blocks is not None and prompt + output > blocks * e.block_tokens:
         raise ConfigError(
-            f"workload: the longest request (workload.prompt_tokens {w.prompt_tokens} + output {w.max_output} "
-            f"= {longest} tokens) does not fit in the KV cache ({blocks} blocks of engine.block_tokens "
-            f"{e.block_tokens} = {blocks * e.block_tokens} tokens, {capacity:.3g} GB)"
+            f"workload: the longest request ({what} {output} = {prompt + output} tokens) does not fit in "
+            f"the KV cache ({blocks} blocks of engine.block_tokens {e.block_tokens} = {blocks * e.block_tokens} "
+            f"tokens, {kv_capacity_gb(config):.3g} GB)"
         )
 
 
 # Key prefixes :func:`check` reads: a sweep checks every combination of the axes under them.
-CHECKED_KEYS = ("hardware.", "model.", "engine.", "workload.prompt_tokens", "workload.output.", "workload.prefix_tokens")
+CHECKED_KEYS = ("hardware.", "model.", "engine.", "workload.prompt.", "workload.output.", "workload.prefix_tokens",
+                "workload.trace")

@@ -69,8 +69,12 @@ class Grid:
     @property
     def max_requests(self) -> int:
         """The most requests any point simulates."""
+        from .memory import requests
+
         key = "workload.n_requests"
-        return max(self.axes[self.keys.index(key)]) if key in self.keys else self.base.workload.n_requests
+        if key not in self.keys:
+            return requests(self.base)
+        return max(requests(self.base.at({key: n})) for n in self.axes[self.keys.index(key)])
 
     def indices(self, index: int) -> tuple[int, ...]:
         """Per-axis value indices of the point at flat ``index``."""
@@ -140,7 +144,7 @@ def build_grid(config: Config) -> Grid:
 def _check_combinations(grid: Grid) -> None:
     """Run each cross-section check on every combination of the axes it reads (the others at
     their first value)."""
-    for prefixes, check in cross_checks():
+    for prefixes, check in cross_checks(read_traces=True):
         read = [p for p, k in enumerate(grid.keys) if k.startswith(prefixes)]
         for combo in itertools.product(*(range(len(grid.axes[p])) for p in read)):
             idx = [0] * len(grid.keys)

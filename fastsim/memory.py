@@ -50,9 +50,20 @@ def _size(n: float) -> str:
     return f"{n:.0f} bytes"
 
 
+def requests(config: Config) -> int:
+    """How many requests ``config`` simulates (a trace's length when n_requests is null)."""
+    w = config.workload
+    if w.n_requests is not None:
+        return w.n_requests
+    from .trace import load
+
+    return len(load(w.trace))
+
+
 def run_bytes(config: Config) -> int:
-    """Peak bytes of simulating ``config`` once (traffic, kernel, metrics)."""
-    return config.workload.n_requests * BYTES_PER_REQUEST + BYTES_PER_RUN
+    """Peak bytes of simulating ``config`` once (traffic, kernel, metrics; a trace is read once
+    per process and its 32 bytes a request are counted among them)."""
+    return requests(config) * BYTES_PER_REQUEST + BYTES_PER_RUN
 
 
 def check(config: Config, concurrent_runs: int = 1, points: int = 0, limit: int | None = None) -> None:
@@ -68,7 +79,7 @@ def check(config: Config, concurrent_runs: int = 1, points: int = 0, limit: int 
     if runs + table <= limit:
         return
     have = f"{_size(limit)} {allowed}"
-    n = config.workload.n_requests
+    n = requests(config)
     if runs >= table:
         each = f" a point on {concurrent_runs} workers" if concurrent_runs > 1 else ""
         raise ConfigError(f"workload.n_requests: {n:,} requests{each} need ~{_size(runs + table)}, {have}")

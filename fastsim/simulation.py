@@ -34,6 +34,10 @@ def simulate(config: Config, traffic: Traffic | None = None) -> Result:
 
     ``traffic`` may be passed to reuse arrays already drawn for ``config.workload``.
     """
+    if config.workload.trace is not None:
+        from .trace import check_fits
+
+        check_fits(config)  # a recorded request too long for the KV cache could never finish
     traffic = generate(config.workload) if traffic is None else traffic
     out = kernels.run(config, traffic)
     return Result(

@@ -1,7 +1,8 @@
 """Human-readable summaries of a sweep's metrics table: plain rows of strings for the CLI.
 
 A small grid is shown whole, one row per point, with the lesson's columns, TPOT p99 and ITL
-p99 (and preemptions and KV cache peak use when some point has them). A large
+p99 (and preemptions and KV cache peak use when some point has them). A load sweep (three rates
+or more) is shown per setting (the other axes), at the highest rate it sustains. Else, a large
 one is shown compactly: per policy, the point with the best throughput. With a ``seed`` axis, every figure is
 the mean across seeds with the half-width of its 95 % confidence interval (Student's t).
 """
@@ -18,6 +19,9 @@ from .metrics import METRICS
 
 METRIC_INDEX = {name: k for k, name in enumerate(METRICS)}
 FULL_TABLE_MAX_ROWS = 40
+# A rate is sustained when the median request waits under a second for its first token: past
+# saturation the queue, and so the median wait, grows for the whole run (minutes, not seconds).
+SUSTAINED_TTFT_P50_S = 1.0
 
 # (metric, header, scale, format)
 COLUMNS = [
@@ -101,9 +105,30 @@ def summarize(grid: Grid, table: np.ndarray) -> tuple[str, list[str], list[list[
         labels = [_label(axes[d][i]) for d, i in zip(dims, index) if d != skip]
         return labels + [_cell(table[index], c) for c in shown]
 
-    if n_rows <= FULL_TABLE_MAX_ROWS:
+    load_sweep = "rate" in dims and len(axes["rate"]) >= 3 and n_rows // len(axes["rate"]) <= FULL_TABLE_MAX_ROWS
+    if n_rows <= FULL_TABLE_MAX_ROWS and not load_sweep:
         rows = [row(index) for index in np.ndindex(*shape)]
         return f"{n_rows} grid point{'s' * (n_rows != 1)}{suffix}", dims + headers, rows, len(dims)
+    if load_sweep:
+        # Per setting, the highest rate it sustains: completions keep up with arrivals.
+        r = dims.index("rate")
+        waited = np.moveaxis(table[..., METRIC_INDEX["ttft_p50_s"]].mean(axis=-1), r, -1)
+        kept = waited <= SUSTAINED_TTFT_P50_S
+        settings = [d for d in dims if d != "rate"]
+        rows = []
+        for index in np.ndindex(*kept.shape[:-1]):
+            ok = np.flatnonzero(kept[index])
+            labels = [_label(axes[d][i]) for d, i in zip(settings, index)]
+            if ok.size == 0:
+                rows.append(labels + [f"< {_label(axes['rate'][0])}"] + [""] * len(headers))
+                continue
+            best = ok[-1]
+            full = index[:r] + (best,) + index[r:]
+            sustained = _label(axes["rate"][best]) + ("+" if best == len(axes["rate"]) - 1 else "")
+            rows.append(labels + [sustained] + [_cell(table[full], c) for c in shown])
+        title = (f"{n_rows} grid points: per setting, the highest rate it sustains (TTFT p50 <= "
+                 f"{SUSTAINED_TTFT_P50_S:g} s; + = the grid's highest){suffix}")
+        return title, settings + ["max rate"] + headers, rows, len(settings) + 1
     # Compact: per policy (or overall), the point with the best mean throughput.
     throughput = table[..., METRIC_INDEX["throughput_tok_s"]].mean(axis=-1)
     p = dims.index("policy") if "policy" in dims else None

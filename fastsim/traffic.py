@@ -1,19 +1,19 @@
-"""Traffic generation: the one place where randomness is drawn.
+"""Traffic generation: the one place where randomness is drawn (or a recorded trace replayed).
 
 A :class:`Traffic` is struct-of-arrays request state (arrival time, prompt and output lengths),
-sorted by arrival. Two generators:
+sorted by arrival. Sources:
 
 - ``rng: stdlib`` draws per request ``expovariate(rate)`` then ``gauss(mu, sigma)`` from
   ``random.Random(seed)``, accumulating arrivals in milliseconds, which reproduces the lesson's
-  stream exactly. It is a Python loop: fine for thousands of requests.
-- ``rng: numpy`` draws vectorised from ``numpy.random.Generator``: arrivals and lengths come from
-  two independent child streams of ``SeedSequence(seed)``, as standard exponentials (or gammas of
-  shape ``burstiness``; or none, for constant arrivals every 1/rate) and normals that are then
-  scaled. So the same seed gives the same underlying numbers at every rate, length
-  distribution or request count (common random numbers for paired comparisons).
-
-Both draw the normal variate even for ``dist: fixed``, so changing the length distribution never
-shifts the arrival stream.
+  stream exactly (Poisson arrivals, fixed prompts, its output lengths). It draws the normal even
+  for ``dist: fixed``, so the arrivals never shift. A Python loop: fine for thousands.
+- ``rng: numpy`` draws vectorised from ``numpy.random.Generator``, from three independent child
+  streams of ``SeedSequence(seed)``: arrivals (exponential or gamma gaps, or none for constant
+  arrivals), output lengths, prompt lengths. So the same seed gives the same underlying numbers
+  at every rate, length distribution or request count (common random numbers for paired
+  comparisons), and changing one distribution never moves another.
+- ``trace``: the first n_requests of a recorded trace (:mod:`fastsim.trace`), its arrival times
+  rescaled to ``rate`` unless that is null.
 """
 
 from __future__ import annotations
@@ -37,19 +37,55 @@ class Traffic:
 
 
 def generate(w: Workload) -> Traffic:
-    """Draw ``w.n_requests`` requests as described by the workload section."""
-    if w.rng == "stdlib":
+    """Draw (or replay) the requests the workload section describes."""
+    if w.trace is not None:
+        from . import trace
+
+        recorded, n = trace.requests(w)
+        return Traffic(trace.arrivals(recorded, n, w.rate), recorded.prompt_tokens[:n].copy(),
+                       recorded.output_tokens[:n].copy())
+    if w.rng == "stdlib":  # the lesson's stream: fixed prompts, lognormal or fixed outputs
         arrival, normal = _stdlib_draws(w)
+        output = _from_normal(w.output, normal) if w.output.dist == "lognormal" else _fixed(w.output, w.n_requests)
+        return Traffic(arrival, _fixed(w.prompt, w.n_requests), output)
+    arrivals_ss, outputs_ss, prompts_ss = np.random.SeedSequence(w.seed).spawn(3)
+    return Traffic(_numpy_arrivals(w, arrivals_ss), _numpy_lengths(w.prompt, w.n_requests, prompts_ss),
+                   _numpy_lengths(w.output, w.n_requests, outputs_ss))
+
+
+def _fixed(lengths, n: int) -> np.ndarray:
+    return np.full(n, lengths.value, dtype=np.int64)
+
+
+def _from_normal(lengths, normal: np.ndarray) -> np.ndarray:
+    """int(exp(normal)) clamped to min..max; ``normal`` already has the distribution's mu and
+    sigma. Clipped in float first, so huge draws cannot overflow int64."""
+    return np.clip(np.exp(normal), lengths.min, lengths.max).astype(np.int64)
+
+
+def _numpy_lengths(lengths, n: int, seed: np.random.SeedSequence) -> np.ndarray:
+    if lengths.dist == "fixed":
+        return _fixed(lengths, n)
+    rng = np.random.default_rng(seed)
+    if lengths.dist == "uniform":
+        return rng.integers(lengths.min, lengths.max, n, endpoint=True, dtype=np.int64)
+    normal = rng.standard_normal(n)
+    normal *= lengths.sigma
+    normal += lengths.mu
+    return _from_normal(lengths, normal)
+
+
+def _numpy_arrivals(w: Workload, seed: np.random.SeedSequence) -> np.ndarray:
+    if w.arrival == "constant":
+        return np.arange(1, w.n_requests + 1) / w.rate
+    rng = np.random.default_rng(seed)
+    if w.arrival == "gamma":  # mean 1/rate, coefficient of variation 1/sqrt(burstiness)
+        gaps = rng.standard_gamma(w.burstiness, w.n_requests)
+        gaps /= w.burstiness * w.rate
     else:
-        arrival, normal = _numpy_draws(w)
-    o = w.output
-    if o.dist == "fixed":
-        output = np.full(w.n_requests, o.value, dtype=np.int64)
-    else:
-        # int(exp(.)) truncates; clip in float first so huge draws cannot overflow int64.
-        output = np.clip(np.exp(normal), o.min, o.max).astype(np.int64)
-    prompt = np.full(w.n_requests, w.prompt_tokens, dtype=np.int64)
-    return Traffic(arrival, prompt, output)
+        gaps = rng.standard_exponential(w.n_requests)
+        gaps /= w.rate
+    return np.cumsum(gaps)
 
 
 def _stdlib_draws(w: Workload) -> tuple[np.ndarray, np.ndarray]:
@@ -63,22 +99,3 @@ def _stdlib_draws(w: Workload) -> tuple[np.ndarray, np.ndarray]:
         arrival_ms[i] = t
         normal[i] = rng.gauss(o.mu, o.sigma)
     return arrival_ms / 1000, normal
-
-
-def _numpy_draws(w: Workload) -> tuple[np.ndarray, np.ndarray]:
-    arrivals_ss, lengths_ss = np.random.SeedSequence(w.seed).spawn(2)
-    if w.arrival == "constant":
-        arrival = np.arange(1, w.n_requests + 1) / w.rate
-    else:
-        rng = np.random.default_rng(arrivals_ss)
-        if w.arrival == "gamma":  # mean 1/rate, coefficient of variation 1/sqrt(burstiness)
-            gaps = rng.standard_gamma(w.burstiness, w.n_requests)
-            gaps /= w.burstiness * w.rate
-        else:
-            gaps = rng.standard_exponential(w.n_requests)
-            gaps /= w.rate
-        arrival = np.cumsum(gaps)
-    normal = np.random.default_rng(lengths_ss).standard_normal(w.n_requests)
-    normal *= w.output.sigma
-    normal += w.output.mu
-    return arrival, normal

@@ -10,13 +10,14 @@ from fastsim.config import LEAF_KEYS, parse_override
 
 def test_defaults_are_the_lesson_scenario():
     c = Config()
-    assert (c.engine.max_batch, c.engine.limit, c.workload.prompt_tokens, c.workload.output.max) == (64, 64, 1000, 2000)
+    assert (c.engine.max_batch, c.engine.limit, c.workload.prompt.value, c.workload.output.max) == (64, 64, 1000, 2000)
 
 
 def test_contract_keys_all_exist():
     contract = """hardware.mem_bandwidth_tb_s model.weight_gb model.kv_bytes_per_token engine.policy
     engine.max_batch engine.max_concurrent engine.window_ms workload.n_requests workload.rate workload.seed
-    workload.rng workload.prompt_tokens workload.output.dist workload.output.mu workload.output.sigma
+    workload.rng workload.prompt.dist workload.prompt.value workload.prompt.mu
+    workload.prompt.sigma workload.prompt.min workload.prompt.max workload.trace workload.output.dist workload.output.mu workload.output.sigma
     workload.output.min workload.output.max workload.output.value
     hardware.preset hardware.peak_tflops hardware.mem_gb hardware.link_gb_s hardware.link_latency_us
     model.preset model.params_b model.n_layers model.attn_dim model.hidden

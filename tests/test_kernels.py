@@ -28,7 +28,7 @@ def configs(draw) -> Config:
         "workload.rate": draw(st.floats(0.5, 2000.0)),
         "workload.seed": draw(st.integers(0, 2**32)),
         "workload.rng": draw(st.sampled_from(["stdlib", "numpy"])),
-        "workload.prompt_tokens": draw(st.integers(0, 2000)),
+        "workload.prompt.value": draw(st.integers(0, 2000)),
         "workload.output.dist": dist,
         "workload.output.mu": draw(st.floats(0.0, 4.0)),
         "workload.output.sigma": draw(st.floats(0.0, 1.5)),
@@ -36,6 +36,13 @@ def configs(draw) -> Config:
         "workload.output.max": draw(st.integers(lo, 80)),
         "workload.output.value": draw(st.integers(1, 30)),
     }
+    if values["workload.rng"] == "numpy":  # the stdlib stream is the lesson's shapes only
+        values["workload.arrival"] = draw(st.sampled_from(["poisson", "gamma", "constant"]))
+        values["workload.burstiness"] = draw(st.sampled_from([0.2, 1.0, 5.0]))
+        values["workload.prompt.dist"] = draw(st.sampled_from(["fixed", "lognormal", "uniform"]))
+        values["workload.prompt.min"] = draw(st.integers(0, 100))
+        values["workload.prompt.max"] = draw(st.integers(100, 3000))
+        values["workload.output.dist"] = draw(st.sampled_from(["fixed", "lognormal", "uniform"]))
     return Config().with_values(values)
 
 

@@ -62,7 +62,7 @@ def serving_configs(draw) -> Config:
         "workload.rate": draw(st.floats(1.0, 3000.0)),
         "workload.seed": draw(st.integers(0, 2**32)),
         "workload.rng": draw(st.sampled_from(["stdlib", "numpy"])),
-        "workload.prompt_tokens": prompt,
+        "workload.prompt.value": prompt,
         "workload.output.dist": draw(st.sampled_from(["lognormal", "fixed"])),
         "workload.output.mu": draw(st.floats(0.0, 3.5)),
         "workload.output.max": o_max,
@@ -80,6 +80,14 @@ def serving_configs(draw) -> Config:
         "calibration.compute_efficiency": draw(st.sampled_from([1.0, 0.5])),
         "calibration.bandwidth_efficiency": draw(st.sampled_from([1.0, 0.8])),
     }
+    if v["workload.rng"] == "numpy":  # prompts from a distribution, other arrival processes
+        v["workload.arrival"] = draw(st.sampled_from(["poisson", "gamma", "constant"]))
+        v["workload.burstiness"] = draw(st.sampled_from([0.2, 1.0, 5.0]))
+        v["workload.output.dist"] = draw(st.sampled_from(["fixed", "lognormal", "uniform"]))
+        v["workload.prompt.dist"] = draw(st.sampled_from(["fixed", "lognormal", "uniform"]))
+        v["workload.prompt.mu"] = draw(st.floats(2.0, 5.5))
+        v["workload.prompt.min"] = draw(st.integers(1, prompt))
+        v["workload.prompt.max"] = prompt
     limit = max_batch if v["engine.max_concurrent"] is None else min(max_batch, v["engine.max_concurrent"])
     if draw(st.booleans()):
         v["engine.max_batched_tokens"] = draw(st.integers(limit, 400))
@@ -87,7 +95,8 @@ def serving_configs(draw) -> Config:
         tokens = draw(st.integers(prompt + o_max, 3 * (prompt + o_max)))
         v["engine.kv_cache_gb"] = math.ceil(tokens / bt) * bt * 131072 / 1e9 * (1 + 1e-12)
     if draw(st.booleans()):
-        v["workload.prefix_tokens"] = draw(st.integers(0, prompt - 1))
+        shortest = v.get("workload.prompt.min", prompt) if v.get("workload.prompt.dist", "fixed") != "fixed" else prompt
+        v["workload.prefix_tokens"] = draw(st.integers(0, max(0, shortest - 1)))
     return Config().with_values(v)
 
 
@@ -183,7 +192,7 @@ def test_a_small_kv_cache_preempts_and_still_finishes_everything():
 
 
 def test_chunked_prefill_lowers_itl_p99():
-    base = {**H100, "workload.prompt_tokens": 4000, "workload.rate": 6}
+    base = {**H100, "workload.prompt.value": 4000, "workload.rate": 6}
     chunked = simulate(Config().with_values({**base, "engine.max_batched_tokens": 512}))
     whole = simulate(Config().with_values({**base, "engine.max_batched_tokens": None}))
     assert chunked.metrics["itl_p99_s"] < 0.7 * whole.metrics["itl_p99_s"]
@@ -202,7 +211,7 @@ def test_light_load_ttft_approaches_one_prefill():
     config = Config().with_values({**H100, "workload.rate": 0.05, "workload.n_requests": 200})
     r = simulate(config)
     k = cost.coefficients(config)
-    p = config.workload.prompt_tokens
+    p = config.workload.prompt.value
     prefill = cost_step = k[0] + max(k[1] + k[2] * p, k[3] * p + k[4] * p * (p + 1) / 2)
     assert cost_step > k[1] + k[2] * p  # a 1000-token prefill is compute-bound on an H100
     assert r.metrics["ttft_p50_s"] == pytest.approx(prefill, rel=0.05)
@@ -267,7 +276,7 @@ NEVER = [
      "model.weight_gb (141.1) does not fit: engine.tp (1) x (hardware.mem_gb (80) x engine.gpu_memory_utilization (0.9) "
      "- engine.reserved_gb (2)) = 70 GB"),
     ({"workload.prefix_tokens": 1000}, "workload.prefix_tokens (1000) must be shorter than every prompt"),
-    ({"engine.kv_cache_gb": 0.1}, "the longest request (workload.prompt_tokens 1000 + output 2000 = 3000 tokens) "
+    ({"engine.kv_cache_gb": 0.1}, "the longest request (workload.prompt 1000 + output 2000 = 3000 tokens) "
                                   "does not fit in the KV cache (47 blocks of engine.block_tokens 16 = 752 tokens"),
     ({"calibration.compute_efficiency": 1.5}, "calibration.compute_efficiency: Input should be less than or equal to 1"),
     ({"calibration.bandwidth_efficiency": 0}, "calibration.bandwidth_efficiency: Input should be greater than 0"),

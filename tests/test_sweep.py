@@ -197,91 +197,21 @@ def test_seed_axis_summary_has_confidence_intervals(tmp_path, root):
 
 def test_large_grid_gets_a_compact_summary(root, tmp_path):
     result = sweep_cli(root / "configs/h100.yaml", "--set", "workload.n_requests=300", "--workers", "2",
-                       "--set", "sweep.engine.policy=[static, dynamic, continuous]", "--out", tmp_path / "h.nc")
+                       "--set", "sweep.engine.policy=[static, dynamic, continuous]", "--set", "sweep.workload.rate=[8, 40]",
+                       "--out", tmp_path / "h.nc")
     assert result.exit_code == 0, result.output
-    assert "297 grid points: best throughput per policy" in result.stdout
+    assert "54 grid points: best throughput per policy" in result.stdout
     assert sum(line.startswith((" static", " dynamic", " continuous")) for line in result.stdout.splitlines()) == 3
 
 
-def test_setup_work_grows_with_axis_lengths_not_with_the_grid(monkeypatch):
-    """Counted work: pydantic validations while setting a grid up, and none per point after."""
-    import fastsim.grid as grid_module
-
-    calls = []
-    real = grid_module.section_validator
-
-    def counting(base, section):
-        validate = real(base, section)
-        return lambda values: calls.append(section) or validate(values)
-
-    checks = []
-    real_checks = grid_module.cross_checks()
-    monkeypatch.setattr(grid_module, "section_validator", counting)
-    monkeypatch.setattr(grid_module, "cross_checks", lambda: [
-        (keys, lambda config, check=check: checks.append(1) or check(config)) for keys, check in real_checks])
-    base = fastsim.Config().with_values({"workload.n_requests": 5})
-    for seeds in (100, 1000):
-        calls.clear()
-        checks.clear()
-        sweep = {"workload.seed": list(range(seeds)), "engine.max_batch": [1, 2, 4], "engine.policy": ["static", "continuous"]}
-        grid = grid_module.build_grid(base.model_copy(update={"sweep": sweep}))
-        assert grid.size == 6 * seeds
-        assert len(calls) == seeds + 3 + 2  # each axis value once
-        assert len(checks) == 1 + 3 * 2  # cross-section checks: the engine axes' combinations only
-    # axes in a section that checks its fields together are validated in combination
-    calls.clear()
-    coupled = {"workload.output.min": [1, 2, 3], "workload.output.max": [10, 20], "workload.seed": [1, 2]}
-    grid_module.build_grid(base.model_copy(update={"sweep": coupled}))
-    assert sorted(calls) == ["workload"] * 2 + ["workload.output"] * 6
-    # running points validates nothing
-    calls.clear()
-    monkeypatch.setattr(fastsim.Config, "model_validate", lambda *a, **k: pytest.fail("validated a point"))
-    grid_module.run_block(grid, np.arange(grid.size))
-
-
-def test_coupled_axes_validate_as_combinations_and_normalise(tmp_path, root):
-    both = h100_study(tmp_path / "b.yaml", root, "workload:\n  n_requests: 100\n  output:\n    max: 50\n"
-                      "sweep:\n  workload.output.min: [5, 1e2]\n  workload.output.max: [2e2, 400]\n"
-                      "  workload.n_requests: [1e2, 200]\n")
-    ds = fastsim.sweep(load_config(both), workers=1)  # min 100 > base max 50, but every combination is valid
-    assert ds.n_requests.values.tolist() == [100, 200] and ds.n_requests.dtype == np.int64
-    assert ds["min"].values.tolist() == [5, 100]
-    bad = sweep_cli(both, "--set", "sweep.workload.output.max=[2e2, 60]", "--out", tmp_path / "x.nc")
-    assert bad.exit_code == 2
-    assert "sweep point {'workload.output.min': 100.0, 'workload.output.max': 60}: workload.output: min (100)" in bad.stderr
-
-
-def test_outputs_honour_the_umask(small, tmp_path, root):
-    old = os.umask(0o027)
-    try:
-        out, requests = tmp_path / "o.nc", tmp_path / "r.nc"
-        assert sweep_cli(small, "--workers", "1", "--out", out).exit_code == 0
-        assert CliRunner().invoke(app, ["run", str(small), "--requests-out", str(requests)]).exit_code == 0
-    finally:
-        os.umask(old)
-    assert oct(out.stat().st_mode & 0o777) == oct(0o640)
-    assert oct(requests.stat().st_mode & 0o777) == oct(0o640)
-
-
-def test_a_running_sweep_locks_its_output(slow, tmp_path):
-    out = tmp_path / "out.nc"
-    cmd = [sys.executable, "-m", "fastsim", "sweep", str(slow), "--out", str(out), "--workers", "1", "--quiet"]
-    first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 120
-        while not (checkpoint_path(out).exists() and checkpoint_path(out).stat().st_size >= HEADER + RECORD):
-            assert first.poll() is None and time.monotonic() < deadline, first.stderr.read()
-            time.sleep(0.01)
-        size = checkpoint_path(out).stat().st_size
-        for extra in ([], ["--resume"]):
-            second = sweep_cli(slow, "--out", out, "--workers", "1", *extra)
-            assert second.exit_code == 2
-            assert second.stderr.strip() == (f"error: {out}: another sweep (pid {first.pid}) is writing this output; "
-                                             "wait for it, or stop it")
-        assert checkpoint_path(out).stat().st_size >= size  # still the first sweep's, never rewritten
-    finally:
-        first.kill()
-        first.wait()
-    # the killed owner's lock is gone with it: the leftover checkpoint is an interrupted sweep now
-    again = sweep_cli(slow, "--out", out, "--workers", "1")
-    assert again.exit_code == 2 and "an interrupted sweep left this" in again.stderr
+def test_load_sweep_summary_names_the_highest_sustained_rate(root, tmp_path):
+    result = sweep_cli(root / "configs/h100.yaml", "--set", "workload.n_requests=2000", "--out", tmp_path / "h.nc")
+    assert result.exit_code == 0, result.output
+    assert "99 grid points: per setting, the highest rate it sustains (TTFT p50 <= 1 s" in result.stdout
+    rows = [line.split() for line in result.stdout.splitlines() if line.startswith((" 64 ", " 256 ", " 1024 "))]
+    assert len(rows) == 9
+    with xr.open_dataset(tmp_path / "h.nc") as ds:
+        for max_batch, budget, rate, *_ in rows:
+            point = ds.sel(max_batch=int(max_batch), max_batched_tokens=int(budget))
+            ok = point.rate.values[point.ttft_p50_s.values <= 1.0]
+            assert rate.rstrip("+") == f"{ok.max():g}"

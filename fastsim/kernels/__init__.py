@@ -41,7 +41,8 @@ class Plan:
     api_s: float
 
     @classmethod
-    def of(cls, config: Config) -> Plan:
+    def of(cls, config: Config, traffic: Traffic | None = None) -> Plan:
+        """``traffic`` gives a trace's longest output (a distribution's is in the config)."""
         e = config.engine
         blocks = cost.kv_blocks(config)
         return cls(
@@ -54,7 +55,8 @@ class Plan:
             block_tokens=e.block_tokens,
             reserve=e.kv_alloc == "reserve",
             prefix_blocks=cost.prefix_blocks(config) if blocks is not None else 0,
-            max_output=config.workload.max_output,
+            max_output=(int(traffic.output_tokens.max()) if config.workload.trace is not None
+                        else config.workload.max_output),
             api_s=config.calibration.api_overhead_ms / 1000,
         )
 
@@ -123,7 +125,7 @@ def step_time_coefficients(config: Config) -> tuple[float, float]:
 
 def run(config: Config, traffic: Traffic, plan: Plan | None = None) -> Outcome:
     """Simulate ``traffic`` on the engine ``config`` describes."""
-    p = Plan.of(config) if plan is None else plan
+    p = Plan.of(config, traffic) if plan is None else plan
     n = len(traffic)
     first_token = np.empty(n)
     done = np.empty(n)
