@@ -75,3 +75,23 @@ def sweep_to_file(
         io.sweep_layout(grid, table).write(out)
         partial.unlink()
     return grid, table
+
+
+def capacity_to_file(
+    config: Config,
+    targets: list,
+    out: str | Path,
+    workers: int | None = None,
+    scheduler: str | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
+    max_memory: int | None = None,
+):
+    """Search every setting's capacity (:func:`fastsim.capacity.run`) and write it as netCDF to
+    ``out`` (atomically); returns the :class:`~fastsim.capacity.Capacity`."""
+    from . import capacity
+
+    local = scheduler is None or scheduler == "local"
+    memory.check(config, (workers or os.cpu_count() or 1) if local else 0, 0, max_memory)
+    result = capacity.run(config, targets, workers, scheduler, on_progress)
+    io.capacity_layout(result, targets).write(out)
+    return result

@@ -77,6 +77,8 @@ SERVING = {
     "calibration.bandwidth_efficiency": 0.85,
     "calibration.step_overhead_ms": 1.5,
     "calibration.api_overhead_ms": 25,
+    "slo.ttft_s": 0.5,
+    "slo.tpot_s": 0.05,
 }
 SERVING_RATES = (4.0, 40.0)  # light load, and near saturation (~41/s)
 

@@ -9,7 +9,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Callable, Optional
 
 import typer
 from rich.console import Console
@@ -157,27 +157,7 @@ def sweep(
         cfg = _load(config, set_)
         limit = _max_memory(max_memory)
     target = out_path or Path("results") / f"{config.stem}.nc"
-    progress = Progress(
-        TextColumn("sweep"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("points"),
-        _RateColumn(),
-        TimeElapsedColumn(),
-        TextColumn("eta"),
-        TimeRemainingColumn(),
-        console=err,
-        disable=quiet,
-    )
-    task = progress.add_task("sweep", total=None)
-
-    def on_progress(done: int, total: int) -> None:
-        if progress.tasks[0].total is None:  # first call, once the grid is set up: show the bar;
-            progress.start()  # points resumed from a checkpoint are not speed
-            progress.reset(task, total=total, completed=done)
-        else:
-            progress.update(task, completed=done)
-
+    progress, on_progress = _progress("sweep", quiet)
     started = time.perf_counter()
     try:
         with _user_errors():
@@ -198,6 +178,146 @@ def sweep(
     err.print(f"wrote {target} ({n_points} point{'s' * (n_points != 1)} in {elapsed:.1f} s)")
     title, headers, rows, labels = summarize(grid, table)
     _print_table(title, headers, rows, left=labels)
+
+
+def _progress(label: str, quiet: bool) -> tuple[Progress, Callable[[int, int], None]]:
+    """A progress bar on stderr that appears with the first report (after any set-up error)."""
+    progress = Progress(
+        TextColumn(label),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("points"),
+        _RateColumn(),
+        TimeElapsedColumn(),
+        TextColumn("eta"),
+        TimeRemainingColumn(),
+        console=err,
+        disable=quiet,
+    )
+    task = progress.add_task(label, total=None)
+
+    def on_progress(done: int, total: int) -> None:
+        if progress.tasks[0].total is None:  # first call: points resumed from a checkpoint are not speed
+            progress.start()
+            progress.reset(task, total=total, completed=done)
+        else:
+            progress.update(task, completed=done)
+
+    return progress, on_progress
+
+
+@app.command()
+def capacity(
+    config: ConfigArg,
+    set_: SetOpt = None,
+    target: Annotated[
+        Optional[list[str]],
+        typer.Option("--target", help="A bound that must hold: METRIC<=VALUE or METRIC>=VALUE (repeatable).",
+                     metavar="METRIC<=VALUE"),
+    ] = None,
+    attainment: Annotated[
+        Optional[float], typer.Option(help="With the config's slo: the fraction of requests that must meet it.",
+                                      min=0, max=1)
+    ] = None,
+    out_path: Annotated[
+        Optional[Path], typer.Option("--out", help="netCDF output (default: results/<config name>-capacity.nc).")
+    ] = None,
+    workers: Annotated[Optional[int], typer.Option(help="Worker threads (default: all cores).", min=1)] = None,
+    scheduler: Annotated[Optional[str], typer.Option(help="Dask scheduler address, or 'local'.")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+    max_memory: MaxMemoryOpt = None,
+) -> None:
+    """The highest request rate each setting of the grid (its rate axis removed) sustains while
+    every target holds; default target: the config's slo met by 90 % of requests."""
+    from .api import capacity_to_file
+    from .capacity import default_targets, parse_target
+    from .summary import capacity_rows
+
+    with _user_errors():
+        cfg = _load(config, set_)
+        targets = [parse_target(t) for t in target or []]
+        if attainment is not None:
+            targets.append(*default_targets(cfg, attainment))
+        targets = targets or default_targets(cfg, None)
+        limit = _max_memory(max_memory)
+    destination = out_path or Path("results") / f"{config.stem}-capacity.nc"
+    progress, on_progress = _progress("capacity", quiet)
+    started = time.perf_counter()
+    try:
+        with _user_errors():
+            result = capacity_to_file(cfg, targets, destination, workers, scheduler, on_progress, limit)
+    except KeyboardInterrupt:
+        raise _fail("interrupted", 130) from None
+    except OSError as exc:
+        raise _fail(f"{destination}: {exc.strerror or exc}") from None
+    finally:
+        progress.stop()
+    err.print(f"wrote {destination} ({len(result.answers)} settings, {result.simulations} simulations in "
+              f"{time.perf_counter() - started:.1f} s)")
+    title, headers, rows, labels = capacity_rows(result, targets)
+    _print_table(title, headers, rows, left=labels)
+
+
+@app.command()
+def compare(
+    baseline: Annotated[Path, typer.Argument(help="The reference dataset (.nc).", show_default=False)],
+    candidate: Annotated[Path, typer.Argument(help="The dataset to check (.nc).", show_default=False)],
+    rtol: Annotated[float, typer.Option(help="Relative change allowed in the worse direction.", min=0)] = 0.05,
+    metric: Annotated[
+        Optional[list[str]], typer.Option("--metric", help="Compare only these metrics (repeatable).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Compare two sweep (or capacity) datasets point by point. Exit 0: nothing got worse beyond
+    --rtol; 1: a regression (the points are listed); 2: the datasets cannot be compared."""
+    from .compare import compare as run_compare
+
+    with _user_errors():
+        report = run_compare(baseline, candidate, rtol, metric)
+    if as_json:
+        typer.echo(json.dumps(report.as_json()))
+    else:
+        def where(at: dict) -> str:
+            return ", ".join(f"{k}={v}" for k, v in at.items()) or "-"
+
+        rows = [[name, "higher" if r.direction > 0 else "lower", f"{r.worst_change:+.1%}", where(r.worst_at),
+                 str(r.regressions), str(r.improvements)] for name, r in report.metrics.items()]
+        _print_table(f"{candidate} against {baseline} (rtol {rtol:g}; worst change: negative is worse)",
+                     ["metric", "better", "worst change", "at", "regressed", "improved"], rows)
+        if report.regressed:
+            shown = report.regressed_points[:20]
+            _print_table(f"{len(report.regressed_points)} regressed point(s)" + (", the first 20" if len(shown) < len(report.regressed_points) else ""),
+                         ["metric", "at", "baseline", "candidate", "change"],
+                         [[p["metric"], where(p["at"]), f"{p['baseline']:.6g}", f"{p['candidate']:.6g}",
+                           f"{p['change']:+.1%}"] for p in shown])
+    if report.regressed:
+        raise typer.Exit(1)
+
+
+@app.command()
+def plot(
+    result: Annotated[Path, typer.Argument(help="A sweep or capacity dataset (.nc).", show_default=False)],
+    x: Annotated[Optional[str], typer.Option("--x", help="Axis along x (default: rate, or the first).")] = None,
+    y: Annotated[
+        Optional[list[str]], typer.Option("--y", help="Metric to plot (repeatable; default: throughput and TTFT p99, "
+                                                      "or max_rate_rps for capacity).")
+    ] = None,
+    hue: Annotated[Optional[str], typer.Option(help="Axis drawn as one line per value.")] = None,
+    col: Annotated[Optional[str], typer.Option(help="Axis drawn as one panel per value.")] = None,
+    sel: Annotated[
+        Optional[list[str]], typer.Option("--sel", help="Fix an axis to one value: AXIS=VALUE (repeatable).")
+    ] = None,
+    out_path: Annotated[Optional[Path], typer.Option("--out", help="PNG to write (default: beside RESULT).")] = None,
+) -> None:
+    """Draw a sweep or capacity dataset: metrics against an axis, lines by --hue, panels by --col."""
+    try:
+        from .plot import figure
+    except ImportError:
+        raise _fail("fastsim plot needs matplotlib: pip install 'fastsim[plot]'") from None
+    destination = out_path or result.with_suffix(".png")
+    with _user_errors():
+        written = figure(result, destination, x, y, hue, col, sel)
+    err.print(f"wrote {written}")
 
 
 @app.command()

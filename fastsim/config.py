@@ -195,6 +195,15 @@ class Calibration(_Section):
     api_overhead_ms: float = Field(0.0, ge=0, **_Finite)
 
 
+class Slo(_Section):
+    """Service-level objectives: a request is good when it meets every one that is set (vLLM
+    bench's --goodput rule; TPOT counts as 0 for a one-token output). None: not an objective."""
+
+    ttft_s: float | None = Field(None, gt=0, **_Finite)
+    tpot_s: float | None = Field(None, gt=0, **_Finite)
+    e2e_s: float | None = Field(None, gt=0, **_Finite)
+
+
 class Config(_Section):
     description: str = ""
     hardware: Hardware = Hardware()
@@ -202,6 +211,7 @@ class Config(_Section):
     engine: Engine = Engine()
     workload: Workload = Workload()
     calibration: Calibration = Calibration()
+    slo: Slo = Slo()
     sweep: dict[str, list[Any]] = {}
 
     @field_validator("sweep")

@@ -17,6 +17,8 @@ import numpy as np
 import yaml
 
 from . import __version__
+from . import capacity
+from .capacity import Capacity
 from .config import Config
 from .files import atomic_path
 from .grid import Grid
@@ -122,7 +124,7 @@ def sweep_layout(grid: Grid, table: np.ndarray) -> Layout:
     data = {}
     for k, (name, (units, long_name)) in enumerate(METRICS.items()):
         values = table[..., k]
-        if name in INTEGER_METRICS:
+        if name in INTEGER_METRICS and np.isfinite(values).all():  # a capacity search can find no rate
             values = values.astype(np.int64)
         data[name] = (dims, values, {"units": units, "long_name": long_name})
     return Layout(coords, data, _provenance(grid.base))
@@ -146,3 +148,22 @@ def requests_layout(result: Result) -> Layout:
     coords = {"request": (("request",), np.arange(result.arrival_s.size), {})}
     attrs = {**_provenance(result.config), **{f"metric_{k}": v for k, v in result.metrics.items()}}
     return Layout(coords, data, attrs)
+
+
+def capacity_layout(result: Capacity, targets: list) -> Layout:
+    """A capacity search: ``max_rate_rps``, what bound it, and every metric at that rate, over the
+    grid's axes (the rate axis removed)."""
+    base = sweep_layout(result.grid, capacity.table(result))
+    dims = tuple(key.rsplit(".", 1)[-1] for key in result.grid.keys)
+    shape = result.grid.shape
+    answers = result.answers
+    data = {
+        "max_rate_rps": (dims, np.array([a.max_rate for a in answers]).reshape(shape),
+                         {"units": "requests/s", "long_name": "highest request rate meeting every target (to 1 %)"}),
+        "binding": (dims, np.array([a.binding for a in answers], dtype=object).reshape(shape),
+                    {"long_name": "the target that fails just above max_rate_rps, or why there is none"}),
+        **base.data,
+    }
+    attrs = {**base.attrs, "targets": "; ".join(str(t) for t in targets),
+             "simulations": result.simulations}
+    return Layout(base.coords, data, attrs)

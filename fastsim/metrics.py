@@ -41,6 +41,8 @@ METRICS: dict[str, tuple[str, str]] = {
     "kv_mean_use": ("1", "KV cache blocks in use / blocks, mean over steps"),
     "itl_p50_s": ("s", "inter-token latency (every gap between a request's tokens), median"),
     "itl_p99_s": ("s", "inter-token latency (every gap between a request's tokens), 99th percentile"),
+    "goodput_rps": ("requests/s", "requests that met every SLO, per second until the last completion"),
+    "slo_attainment": ("1", "fraction of requests that met every SLO"),
 }
 
 INTEGER_METRICS = frozenset({"max_queue", "steps", "preemptions"})
@@ -107,27 +109,37 @@ def quantiles(values: np.ndarray, ps: tuple[float, ...]) -> list[float]:
 
 
 @jit
-def _latencies(arrival, output, first_token, done):
-    """Per-request TTFT and e2e (n,), and TPOT for the m requests with output > 1 (m,)."""
+def _latencies(arrival, output, first_token, done, slo_ttft, slo_tpot, slo_e2e):
+    """Per-request TTFT and e2e (n,), TPOT for the m requests with output > 1 (m,), and how many
+    requests meet every SLO (each ``inf`` when not set; TPOT is 0 for a one-token output)."""
     n = arrival.size
     ttft = np.empty(n)
     e2e = np.empty(n)
     tpot = np.empty(n)
     m = 0
+    good = 0
     for i in range(n):
         ttft[i] = first_token[i] - arrival[i]
         e2e[i] = done[i] - arrival[i]
+        per_token = 0.0
         if output[i] > 1:
-            tpot[m] = (done[i] - first_token[i]) / (output[i] - 1)
+            per_token = (done[i] - first_token[i]) / (output[i] - 1)
+            tpot[m] = per_token
             m += 1
-    return ttft, e2e, tpot[:m]
+        if ttft[i] <= slo_ttft and per_token <= slo_tpot and e2e[i] <= slo_e2e:
+            good += 1
+    return ttft, e2e, tpot[:m], good
 
 
-def compute(arrival: np.ndarray, output: np.ndarray, out: Outcome, max_batch: int) -> dict[str, float]:
-    """Every metric of :data:`METRICS` for one run of a kernel (requests must all have finished)."""
+def compute(arrival: np.ndarray, output: np.ndarray, out: Outcome, max_batch: int,
+            slo: tuple[float | None, float | None, float | None] = (None, None, None)) -> dict[str, float]:
+    """Every metric of :data:`METRICS` for one run of a kernel (requests must all have finished);
+    ``slo`` is (TTFT, TPOT, e2e) objectives in seconds, None where not set."""
     first_token, done, steps, busy_slot_steps = out.first_token_s, out.done_s, out.steps, out.busy_slot_steps
     span = float(done.max())
-    ttft, e2e, tpot = _latencies(arrival, output, first_token, done)
+    bounds = [np.inf if b is None else b for b in slo]
+    ttft, e2e, tpot, good = _latencies(arrival, output, first_token, done, *bounds)
+    has_slo = any(b is not None for b in slo)
     ttft_mean, e2e_mean = float(ttft.mean()), float(e2e.mean())
     ttft_q = _select(ttft, (0.5, 0.9, 0.99))
     e2e_q = _select(e2e, (0.5, 0.9, 0.99))
@@ -157,4 +169,6 @@ def compute(arrival: np.ndarray, output: np.ndarray, out: Outcome, max_batch: in
         "kv_mean_use": out.kv_block_steps / kv if kv > 0 else float("nan"),
         "itl_p50_s": itl_q[0],
         "itl_p99_s": itl_q[1],
+        "goodput_rps": good / span if has_slo else float("nan"),
+        "slo_attainment": good / arrival.size if has_slo else float("nan"),
     }

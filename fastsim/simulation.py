@@ -26,7 +26,9 @@ class Result:
 
 def measure(config: Config, traffic: Traffic, out: kernels.Outcome) -> dict[str, float]:
     """The metrics of a kernel's outcome on ``traffic``."""
-    return metrics.compute(traffic.arrival_s, traffic.output_tokens, out, config.engine.max_batch)
+    slo = config.slo
+    return metrics.compute(traffic.arrival_s, traffic.output_tokens, out, config.engine.max_batch,
+                           (slo.ttft_s, slo.tpot_s, slo.e2e_s))
 
 
 def simulate(config: Config, traffic: Traffic | None = None) -> Result:

@@ -142,3 +142,19 @@ def summarize(grid: Grid, table: np.ndarray) -> tuple[str, list[str], list[list[
     title = f"{n_rows} grid points: best throughput per policy{suffix}"
     labels = ["policy"] + [d for d in dims if d != "policy"]
     return title, labels + headers, rows, len(labels)
+
+
+def capacity_rows(result, targets) -> tuple[str, list[str], list[list[str]], int]:
+    """(title, headers, rows, label columns) for a capacity search: per setting, the highest rate
+    meeting every target, the goodput there, the latencies, and the target that binds."""
+    dims = [key.rsplit(".", 1)[-1] for key in result.grid.keys]
+    rows = []
+    for index, answer in zip(np.ndindex(*result.grid.shape), result.answers):
+        labels = [_label(result.grid.axes[j][i]) for j, i in enumerate(index)]
+        m = answer.metrics
+        rate = {"found": f"{answer.max_rate:.3g}", "bound not reached": f">= {answer.max_rate:.3g}",
+                "lowest rate fails": "none"}[answer.status]
+        rows.append(labels + [rate, f"{m['goodput_rps']:.3g}", f"{m['ttft_p99_s']:.2f}s",
+                              f"{m['tpot_p99_s'] * 1e3:.1f}ms", f"{m['e2e_p99_s']:.1f}s", answer.binding])
+    title = f"capacity: the highest rate (requests/s, to 1 %) meeting {' and '.join(map(str, targets))}"
+    return title, dims + ["max rate", "goodput", "TTFT p99", "TPOT p99", "e2e p99", "binding"], rows, len(dims)

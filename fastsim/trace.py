@@ -138,6 +138,12 @@ def requests(w: Workload) -> tuple[Trace, int]:
     return trace, n
 
 
+def native_rate(w: Workload) -> float:
+    """The mean arrival rate of the requests a trace workload takes, as recorded."""
+    recorded, n = requests(w)
+    return (n - 1) / recorded.arrival_s[n - 1] if n > 1 and recorded.arrival_s[n - 1] > 0 else float("nan")
+
+
 def check_fits(config: Config) -> None:
     """Refuse a trace with a request that can never run on ``config``'s engine (it reads the file)."""
     if config.workload.trace is None:

@@ -24,7 +24,7 @@ def test_contract_keys_all_exist():
     engine.max_batched_tokens engine.tp engine.kv_alloc engine.block_tokens engine.gpu_memory_utilization
     engine.reserved_gb engine.kv_cache_gb calibration.compute_efficiency calibration.bandwidth_efficiency
     calibration.step_overhead_ms calibration.api_overhead_ms workload.prefix_tokens workload.arrival
-    workload.burstiness""".split()
+    workload.burstiness slo.ttft_s slo.tpot_s slo.e2e_s""".split()
     assert sorted(contract) == sorted(LEAF_KEYS)
 
 
