@@ -63,6 +63,19 @@ def _first(k, runs, r, ja, jb, da, db, bound, strict):
     return hi
 
 
+@inline
+def _clip(k, runs, r, ja, jb, da, db, low, high):
+    """The steps of run ``r`` in [ja, jb] (durations da, db at the ends) whose durations lie in
+    [low, high]: returns (first, last), last < first when none, and the steps below ``low`` are
+    ja..first-1."""
+    first, d_first = ja, da
+    if da < low:
+        first = _first(k, runs, r, ja, jb, da, db, low, False)
+        d_first = _duration(k, runs, r, first) if first <= jb else db
+    last = jb if db <= high else _first(k, runs, r, first, jb, d_first, db, high, True) - 1
+    return first, last
+
+
 @jit
 def _weighted_select(values, weights, rank):
     """The value of 0-based ``rank`` when each ``values[i]`` counts ``weights[i]`` times."""
@@ -171,10 +184,7 @@ def _refine(k, runs, cr, ca, cb, gvals, rank):
                 if db < low:
                     below += (cb[c] - ca[c] + 1) * w
                     continue
-                ja = ca[c] if da >= low else _first(k, runs, r, ca[c], cb[c], da, db, low, False)
-                if ja > ca[c]:
-                    da = _duration(k, runs, r, ja)
-                jb = cb[c] if db <= high else _first(k, runs, r, ja, cb[c], da, db, high, True) - 1
+                ja, jb = _clip(k, runs, r, ca[c], cb[c], da, db, low, high)
                 below += (ja - ca[c]) * w
                 if ja <= jb:
                     nrun[keep] = r
@@ -254,11 +264,7 @@ def _select(k, runs, gaps, rank, total, values, cum, spread):
             if db < low:
                 below += (last + 1) * w
                 continue
-            ja, dja = 0, da
-            if da < low:
-                ja = _first(k, runs, r, 0, last, da, db, low, False)
-                dja = _duration(k, runs, r, ja)
-            jb = last if db <= high else _first(k, runs, r, ja, last, dja, db, high, True) - 1
+            ja, jb = _clip(k, runs, r, 0, last, da, db, low, high)
             below += ja * w
             if ja <= jb:
                 if keep < room:

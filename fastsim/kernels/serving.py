@@ -64,6 +64,22 @@ def _cal_remove(bucket, cnext, cprev, i):
         cprev[nxt] = prv
 
 
+@inline
+def _unlink(rprev, rnext, rhead, rtail, i):
+    """Remove request ``i`` from the running list; returns the new (head, tail)."""
+    nx = rnext[i]
+    pv = rprev[i]
+    if pv >= 0:
+        rnext[pv] = nx
+    else:
+        rhead = nx
+    if nx >= 0:
+        rprev[nx] = pv
+    else:
+        rtail = pv
+    return rhead, rtail
+
+
 @jit
 def _continuous(arrival, prompt, output, limit, k, budget, blocks, bt, reserve, pb, o_max, api,
                 first_token, done, runs, gaps):
@@ -159,13 +175,8 @@ def _continuous(arrival, prompt, output, limit, k, budget, blocks, bt, reserve, 
                     need = 1 if cj % bt == 0 else 0
                 gone = False
                 while need > free:
-                    v = rtail
-                    # preempt v: it leaves the running list, frees its blocks, recomputes later
-                    rtail = rprev[v]
-                    if rtail >= 0:
-                        rnext[rtail] = -1
-                    else:
-                        rhead = -1
+                    v = rtail  # preempt the newest: it frees its blocks and recomputes later
+                    rhead, rtail = _unlink(rprev, rnext, rhead, rtail, v)
                     running -= 1
                     if v == partial:
                         free += held[v]
@@ -277,16 +288,7 @@ def _continuous(arrival, prompt, output, limit, k, budget, blocks, bt, reserve, 
             if g[i] == output[i]:
                 done[i] = now + api
                 finished += 1
-                nx = rnext[i]
-                pv = rprev[i]
-                if pv >= 0:
-                    rnext[pv] = nx
-                else:
-                    rhead = nx
-                if nx >= 0:
-                    rprev[nx] = pv
-                else:
-                    rtail = pv
+                rhead, rtail = _unlink(rprev, rnext, rhead, rtail, i)
                 running -= 1
                 free += held[i]
                 held[i] = 0
@@ -315,16 +317,7 @@ def _continuous(arrival, prompt, output, limit, k, budget, blocks, bt, reserve, 
                 elif limited:
                     free += held[i]
                     held[i] = 0
-                nr = rnext[i]
-                pv = rprev[i]
-                if pv >= 0:
-                    rnext[pv] = nr
-                else:
-                    rhead = nr
-                if nr >= 0:
-                    rprev[nr] = pv
-                else:
-                    rtail = pv
+                rhead, rtail = _unlink(rprev, rnext, rhead, rtail, i)
                 running -= 1
             i = nx
         # 4. fast path: only decoders, nobody to admit, until an arrival, a completion or a
