@@ -55,9 +55,10 @@ def step_time(k, n_tokens, kv_tokens, pairs):
     return k[0] + max(memory, compute) + (k[5] + k[6] * n_tokens)
 
 
-def is_lesson(config: Config) -> bool:
-    """True when every serving-model addition is off: the lesson's kernels run it exactly."""
-    k = coefficients(config)
+def is_lesson(config: Config, k: np.ndarray | None = None) -> bool:
+    """True when every serving-model addition is off: the lesson's kernels run it exactly.
+    ``k``: the config's coefficients, when already folded."""
+    k = coefficients(config) if k is None else k
     return (
         not k[[OVERHEAD, T_TOKEN, T_PAIR, T_LINK, T_LINK_TOKEN]].any()
         and kv_blocks(config) is None

@@ -23,7 +23,7 @@ from ._jit import inline, jit
 from .cost import step_time
 
 BINS = 4096
-SMALL = 4096  # values sorted outright
+SMALL = 256  # values sorted outright
 SAMPLES = 1 << 14  # runs (and gaps) sampled to bracket each rank
 LIST_MAX = 1 << 15  # steps listed and selected outright
 
@@ -93,11 +93,12 @@ def _weighted_select(values, weights, rank):
                 if acc > rank:
                     return values[t]
             return values[order[-1]]
-        scale = BINS / (hi - lo)
-        hist = np.zeros(BINS, np.int64)
+        nb = min(BINS, n // 4)  # about four values a bin
+        scale = nb / (hi - lo)
+        hist = np.zeros(nb, np.int64)
         bins = np.empty(n, np.int64)
         for t in range(n):
-            bins[t] = min(int((values[t] - lo) * scale), BINS - 1)
+            bins[t] = min(int((values[t] - lo) * scale), nb - 1)
             hist[bins[t]] += weights[t]
         target = 0
         while hist[target] <= rank:
@@ -284,10 +285,33 @@ def _select(k, runs, gaps, rank, total, values, cum, spread):
             margin *= 4  # the sample misled: widen the window
 
 
+@jit
+def _listed(k, runs, gaps, ranks):
+    """The values of ``ranks`` when there are few steps: list every one and select by weight."""
+    steps = runs[:, 3].sum()
+    vals = np.empty(steps + gaps.size)
+    wts = np.empty(steps + gaps.size, np.int64)
+    t = 0
+    for r in range(runs.shape[0]):
+        for j in range(runs[r, 3]):
+            vals[t] = _duration(k, runs, r, j)
+            wts[t] = runs[r, 2] & 0xFFFFFFFF
+            t += 1
+    vals[t:] = gaps
+    wts[t:] = 1
+    out = np.empty(ranks.size)
+    for i in range(ranks.size):
+        out[i] = _weighted_select(vals, wts, ranks[i])
+    return out
+
+
 def quantiles(k: np.ndarray, runs: np.ndarray, gaps: np.ndarray, total: int, ps: tuple[float, ...]) -> list[float]:
     """The lesson's quantiles of every inter-token gap: ``total`` of them (a request with o tokens
     has o - 1), from the step runs and irregular gaps of a kernel. NaN when there are none."""
     if total == 0:
         return [float("nan")] * len(ps)
+    ranks = np.array([min(total - 1, int(p * total)) for p in ps], dtype=np.int64)
+    if int(runs[:, 3].sum()) + gaps.size <= LIST_MAX:  # a small run: no sampling needed
+        return _listed(k, runs, gaps, ranks).tolist()
     values, cum, spread = _sample(k, runs, gaps)
-    return [float(_select(k, runs, gaps, min(total - 1, int(p * total)), total, values, cum, spread)) for p in ps]
+    return [float(_select(k, runs, gaps, rank, total, values, cum, spread)) for rank in ranks]

@@ -49,6 +49,7 @@ INTEGER_METRICS = frozenset({"max_queue", "steps", "preemptions"})
 
 
 BINS = 4096
+SORT_BELOW = 4096
 
 
 @jit
@@ -98,6 +99,9 @@ def _select(values: np.ndarray, ps: tuple[float, ...]) -> list[float]:
     if n == 0:
         return [float("nan")] * len(ps)
     idx = [min(n - 1, int(p * n)) for p in ps]
+    if n <= SORT_BELOW:  # a small run: sorting is cheaper than a histogram of BINS bins
+        ordered = np.sort(values)
+        return [float(ordered[i]) for i in idx]
     order = sorted(set(idx))
     got = _order_statistics(values, np.array(order, dtype=np.int64))
     return [float(got[order.index(i)]) for i in idx]

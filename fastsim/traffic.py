@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -48,9 +49,14 @@ def generate(w: Workload) -> Traffic:
         arrival, normal = _stdlib_draws(w)
         output = _from_normal(w.output, normal) if w.output.dist == "lognormal" else _fixed(w.output, w.n_requests)
         return Traffic(arrival, _fixed(w.prompt, w.n_requests), output)
-    arrivals_ss, outputs_ss, prompts_ss = np.random.SeedSequence(w.seed).spawn(3)
-    return Traffic(_numpy_arrivals(w, arrivals_ss), _numpy_lengths(w.prompt, w.n_requests, prompts_ss),
-                   _numpy_lengths(w.output, w.n_requests, outputs_ss))
+    root = np.random.SeedSequence(w.seed)
+    return Traffic(_numpy_arrivals(w, _child(root, 0)), _numpy_lengths(w.prompt, w.n_requests, _child(root, 2)),
+                   _numpy_lengths(w.output, w.n_requests, _child(root, 1)))
+
+
+def _child(root: np.random.SeedSequence, i: int) -> Callable[[], np.random.SeedSequence]:
+    """The ``i``-th child stream of ``root`` (as ``root.spawn`` makes it), made only when drawn from."""
+    return lambda: np.random.SeedSequence(root.entropy, spawn_key=(*root.spawn_key, i), pool_size=root.pool_size)
 
 
 def _fixed(lengths, n: int) -> np.ndarray:
@@ -60,13 +66,16 @@ def _fixed(lengths, n: int) -> np.ndarray:
 def _from_normal(lengths, normal: np.ndarray) -> np.ndarray:
     """int(exp(normal)) clamped to min..max; ``normal`` already has the distribution's mu and
     sigma. Clipped in float first, so huge draws cannot overflow int64."""
-    return np.clip(np.exp(normal), lengths.min, lengths.max).astype(np.int64)
+    lengths_f = np.exp(normal)
+    np.maximum(lengths_f, lengths.min, out=lengths_f)  # np.clip, without its per-call overhead
+    np.minimum(lengths_f, lengths.max, out=lengths_f)
+    return lengths_f.astype(np.int64)
 
 
-def _numpy_lengths(lengths, n: int, seed: np.random.SeedSequence) -> np.ndarray:
+def _numpy_lengths(lengths, n: int, seed: Callable[[], np.random.SeedSequence]) -> np.ndarray:
     if lengths.dist == "fixed":
         return _fixed(lengths, n)
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(seed())
     if lengths.dist == "uniform":
         return rng.integers(lengths.min, lengths.max, n, endpoint=True, dtype=np.int64)
     normal = rng.standard_normal(n)
@@ -75,10 +84,10 @@ def _numpy_lengths(lengths, n: int, seed: np.random.SeedSequence) -> np.ndarray:
     return _from_normal(lengths, normal)
 
 
-def _numpy_arrivals(w: Workload, seed: np.random.SeedSequence) -> np.ndarray:
+def _numpy_arrivals(w: Workload, seed: Callable[[], np.random.SeedSequence]) -> np.ndarray:
     if w.arrival == "constant":
         return np.arange(1, w.n_requests + 1) / w.rate
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(seed())
     if w.arrival == "gamma":  # mean 1/rate, coefficient of variation 1/sqrt(burstiness)
         gaps = rng.standard_gamma(w.burstiness, w.n_requests)
         gaps /= w.burstiness * w.rate

@@ -45,11 +45,12 @@ class Plan:
         """``traffic`` gives a trace's longest output (a distribution's is in the config)."""
         e = config.engine
         blocks = cost.kv_blocks(config)
+        k = cost.coefficients(config)
         return cls(
-            lesson=cost.is_lesson(config),
+            lesson=cost.is_lesson(config, k),
             limit=e.limit,
             window_s=e.window_ms / 1000 if e.policy == "dynamic" else np.inf,
-            k=cost.coefficients(config),
+            k=k,
             budget=UNLIMITED_BUDGET if e.max_batched_tokens is None else e.max_batched_tokens,
             blocks=-1 if blocks is None else blocks,
             block_tokens=e.block_tokens,
