@@ -92,7 +92,8 @@ def _case(model: str, config: Config, repeats: int, n_requests: int, rows: list,
     traffic_s, traffic = traffic_cache[key]
     tiny = generate(workload.model_copy(update={"n_requests": 10}))
     first_call_s, _ = _best_of(1, lambda: kernels.run(config, tiny))
-    kernel_s, out = _best_of(repeats, lambda: kernels.run(config, traffic))
+    scratch = kernels.Scratch()  # as fastsim.simulate keeps one per thread
+    kernel_s, out = _best_of(repeats, lambda: kernels.run(config, traffic, scratch=scratch))
     _check(config, out, traffic.output_tokens, traffic.arrival_s)
     metrics_s, _ = _best_of(repeats, lambda: measure(config, traffic, out))
     rows.append(BenchRow(model, config.engine.policy, workload.rate, n_requests, first_call_s, traffic_s, kernel_s,

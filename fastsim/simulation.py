@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -9,6 +10,9 @@ import numpy as np
 from . import kernels, metrics
 from .config import Config
 from .traffic import Traffic, generate
+
+
+_local = threading.local()  # each thread's kernels.Scratch
 
 
 @dataclass(frozen=True)
@@ -41,7 +45,9 @@ def simulate(config: Config, traffic: Traffic | None = None) -> Result:
 
         check_fits(config)  # a recorded request too long for the KV cache could never finish
     traffic = generate(config.workload) if traffic is None else traffic
-    out = kernels.run(config, traffic)
+    if not hasattr(_local, "scratch"):
+        _local.scratch = kernels.Scratch()
+    out = kernels.run(config, traffic, scratch=_local.scratch)  # measured before the next run
     return Result(
         config,
         measure(config, traffic, out),

@@ -18,7 +18,7 @@ from ..traffic import Traffic
 from . import lesson, serving
 from ._calendar import RING_MAX, new_runs
 
-__all__ = ["POLICIES", "RING_MAX", "Outcome", "Plan", "run", "step_time_coefficients"]
+__all__ = ["POLICIES", "RING_MAX", "Outcome", "Plan", "Scratch", "run", "step_time_coefficients"]
 
 UNLIMITED_BUDGET = 1 << 62
 RUNS_PER_REQUEST = 3  # room for step runs; measured 0.9 to 2.8 a request (lesson, rates 8 and 40)
@@ -80,14 +80,13 @@ class Outcome:
     k: np.ndarray  # the step-time coefficients the runs' durations come from
 
 
-def _continuous(p: Plan, tr: Traffic, first_token: np.ndarray, done: np.ndarray, room: tuple[int, int]) -> tuple:
-    runs = new_runs(room[0])
+def _continuous(p: Plan, tr: Traffic, first_token: np.ndarray, done: np.ndarray, runs: np.ndarray,
+                gaps: np.ndarray) -> tuple:
     if p.lesson:
         steps, busy, queue, nruns = lesson._continuous(
             tr.arrival_s, tr.prompt_tokens, tr.output_tokens, p.limit, p.k[1], p.k[2], first_token, done, runs
         )
         return steps, busy, queue, 0, 0, 0, runs, nruns, np.empty(0), 0
-    gaps = np.empty(room[1])
     steps, busy, queue, preemptions, kv_sum, kv_peak, nruns, ngaps = serving._continuous(
         tr.arrival_s, tr.prompt_tokens, tr.output_tokens, p.limit, p.k, p.budget, p.blocks, p.block_tokens,
         p.reserve, p.prefix_blocks, p.max_output, p.api_s, first_token, done, runs, gaps,
@@ -95,8 +94,8 @@ def _continuous(p: Plan, tr: Traffic, first_token: np.ndarray, done: np.ndarray,
     return steps, busy, queue, preemptions, kv_sum, kv_peak, runs, nruns, gaps, ngaps
 
 
-def _batched(p: Plan, tr: Traffic, first_token: np.ndarray, done: np.ndarray, room: tuple[int, int]) -> tuple:
-    runs = new_runs(room[0])
+def _batched(p: Plan, tr: Traffic, first_token: np.ndarray, done: np.ndarray, runs: np.ndarray,
+             gaps: np.ndarray) -> tuple:
     if p.lesson:
         steps, busy, queue, nruns = lesson._batched(
             tr.arrival_s, tr.prompt_tokens, tr.output_tokens, p.limit, p.window_s, p.k[1], p.k[2],
@@ -124,8 +123,23 @@ def step_time_coefficients(config: Config) -> tuple[float, float]:
     return float(k[cost.T_WEIGHTS]), float(k[cost.T_KV])
 
 
-def run(config: Config, traffic: Traffic, plan: Plan | None = None) -> Outcome:
-    """Simulate ``traffic`` on the engine ``config`` describes."""
+class Scratch:
+    """Room for a kernel's step runs, kept between runs by a caller that uses each Outcome before
+    the next run (as :func:`fastsim.simulate` does): a fresh buffer's first touch costs ~20 ms
+    per million requests, as much as a fifth of the kernel. Grows as needed."""
+
+    def __init__(self) -> None:
+        self.runs = new_runs(0)
+
+    def take(self, rows: int) -> np.ndarray:
+        if len(self.runs) < rows or len(self.runs) > 8 * rows + (1 << 20):  # grow, or let a huge one go
+            self.runs = new_runs(rows)
+        return self.runs
+
+
+def run(config: Config, traffic: Traffic, plan: Plan | None = None, scratch: Scratch | None = None) -> Outcome:
+    """Simulate ``traffic`` on the engine ``config`` describes. With ``scratch``, the Outcome's
+    step runs live in it: valid until the next run that uses the same scratch."""
     p = Plan.of(config, traffic) if plan is None else plan
     n = len(traffic)
     first_token = np.empty(n)
@@ -133,8 +147,10 @@ def run(config: Config, traffic: Traffic, plan: Plan | None = None) -> Outcome:
     room = (RUNS_PER_REQUEST * n + 64, n // 8 + 64)
     kernel = POLICIES[config.engine.policy]
     while True:
+        runs = new_runs(room[0]) if scratch is None else scratch.take(room[0])
+        gaps = np.empty(room[1])
         steps, busy, queue, preemptions, kv_sum, kv_peak, runs, nruns, gaps, ngaps = kernel(
-            p, traffic, first_token, done, room
+            p, traffic, first_token, done, runs, gaps
         )
         if nruns <= len(runs) and ngaps <= len(gaps):
             break
