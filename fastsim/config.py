@@ -240,7 +240,7 @@ class Config(_Section):
 
     def at(self, values: dict[str, Any]) -> Config:
         """A new config with dotted keys set to ``values`` *without validating them*: for sweep
-        points whose values :func:`validate_in_section` has already checked and normalised."""
+        points whose values :func:`section_validator` has already checked and normalised."""
 
         def put(node: BaseModel, parts: list[str], value: Any) -> BaseModel:
             child = value if len(parts) == 1 else put(getattr(node, parts[0]), parts[1:], value)
@@ -312,11 +312,7 @@ def section_validator(base: Config, section: str) -> Callable[[dict[str, Any]], 
         try:
             return cls.model_validate(top)
         except ValidationError as exc:
-            errors = exc.errors()
-            for e in errors:
-                e["loc"] = (*section.split("."), *e["loc"]) if section else e["loc"]
-            more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-            raise ConfigError(_describe(errors[0]) + more) from None
+            raise _config_error(exc, section) from None
 
     return validate_with
 
@@ -354,6 +350,14 @@ def _describe(err: dict) -> str:
     return f"{key or 'config'}: {msg}"
 
 
+def _config_error(exc: ValidationError, section: str = "") -> ConfigError:
+    """One line for pydantic's errors: the first, its key given in full from the config's root."""
+    errors = exc.errors()
+    first = dict(errors[0], loc=(*section.split("."), *errors[0]["loc"])) if section else errors[0]
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return ConfigError(_describe(first) + more)
+
+
 def validate(raw: Any) -> Config:
     """Validate a plain mapping into a :class:`Config`; errors name the key."""
     if not isinstance(raw, dict):
@@ -361,9 +365,7 @@ def validate(raw: Any) -> Config:
     try:
         config = Config.model_validate(raw)
     except ValidationError as exc:
-        errors = exc.errors()
-        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-        raise ConfigError(_describe(errors[0]) + more) from None
+        raise _config_error(exc) from None
     for _, check in cross_checks():
         check(config)
     return config
@@ -396,7 +398,7 @@ def cross_checks(read_traces: bool = False) -> list[tuple[tuple[str, ...], Calla
     if read_traces:
         from .trace import check_fits
 
-        checks.append((cost.CHECKED_KEYS + ("workload.trace", "workload.n_requests"), check_fits))
+        checks.append((cost.CHECKED_KEYS + ("workload.n_requests",), check_fits))
     return checks
 
 
@@ -444,16 +446,7 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
     raw = {} if raw is None else raw
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping of sections, got {type(raw).__name__}")
-    workload = raw.get("workload")
-    if isinstance(workload, dict) and isinstance(workload.get("trace"), str):  # relative to this file
-        from .trace import path_relative_to
-
-        workload["trace"] = path_relative_to(path, workload["trace"])
-    traces = (raw.get("sweep") or {}).get("workload.trace") if isinstance(raw.get("sweep"), dict) else None
-    if isinstance(traces, list):
-        from .trace import path_relative_to
-
-        raw["sweep"]["workload.trace"] = [path_relative_to(path, t) if isinstance(t, str) else t for t in traces]
+    _traces_relative_to(path, raw)
     parent = raw.pop("extends", None)
     if parent is None:
         return raw
@@ -465,6 +458,19 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
     if sweep is not None:  # a study's grid replaces its base's grid
         base["sweep"] = sweep
     return base
+
+
+def _traces_relative_to(path: Path, raw: dict) -> None:
+    """Make the trace paths ``raw`` (the YAML of ``path``) names absolute, as relative to ``path``:
+    ``workload.trace``, and the values of a ``workload.trace`` sweep axis."""
+    from .trace import path_relative_to
+
+    workload, sweep = raw.get("workload"), raw.get("sweep")
+    if isinstance(workload, dict) and isinstance(workload.get("trace"), str):
+        workload["trace"] = path_relative_to(path, workload["trace"])
+    if isinstance(sweep, dict) and isinstance(sweep.get("workload.trace"), list):
+        sweep["workload.trace"] = [path_relative_to(path, t) if isinstance(t, str) else t
+                                   for t in sweep["workload.trace"]]
 
 
 def _merge(base: dict, over: dict) -> None:
