@@ -17,13 +17,19 @@ if TYPE_CHECKING:
     import xarray as xr
 
 
-def _grid(config: Config, workers: int | None, scheduler: str | None, max_memory: int | None) -> Grid:
-    """Validate the grid, and check that its largest point fits in memory on every local worker."""
-    grid = build_grid(config)
-    largest = config.at({"workload.n_requests": grid.max_requests, "workload.trace": None})
+def _fits(grid: Grid, workers: int | None, scheduler: str | None, max_memory: int | None, points: int) -> Grid:
+    """Check that the grid's largest point fits in memory on every local worker, beside a table
+    of ``points`` points; returns the grid."""
+    largest = grid.base.at({"workload.n_requests": grid.max_requests, "workload.trace": None})
     local = scheduler is None or scheduler == "local"
-    memory.check(largest, (workers or os.cpu_count() or 1) if local else 0, grid.size, max_memory)
+    memory.check(largest, (workers or os.cpu_count() or 1) if local else 0, points, max_memory)
     return grid
+
+
+def _grid(config: Config, workers: int | None, scheduler: str | None, max_memory: int | None) -> Grid:
+    """Validate the grid, and check that it fits in memory (:func:`_fits`)."""
+    grid = build_grid(config)
+    return _fits(grid, workers, scheduler, max_memory, grid.size)
 
 
 def sweep(
@@ -90,8 +96,7 @@ def capacity_to_file(
     ``out`` (atomically); returns the :class:`~fastsim.capacity.Capacity`."""
     from . import capacity
 
-    local = scheduler is None or scheduler == "local"
-    memory.check(config, (workers or os.cpu_count() or 1) if local else 0, 0, max_memory)
-    result = capacity.run(config, targets, workers, scheduler, on_progress)
+    grid = _fits(capacity.settings(config), workers, scheduler, max_memory, 0)
+    result = capacity.run(grid, targets, workers, scheduler, on_progress)
     io.capacity_layout(result, targets).write(out)
     return result

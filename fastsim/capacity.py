@@ -141,11 +141,14 @@ def _search_block(grid: Grid, indices: list[int], targets: list[Target]) -> list
     return [(i, search(grid.config(i), targets)) for i in indices]
 
 
-def run(config: Config, targets: list[Target], workers: int | None = None, scheduler: str | None = None,
+def settings(config: Config) -> Grid:
+    """The settings a capacity search answers: ``config``'s grid with its rate axis removed."""
+    return build_grid(config.model_copy(update={"sweep": {k: v for k, v in config.sweep.items() if k != RATE}}))
+
+
+def run(grid: Grid, targets: list[Target], workers: int | None = None, scheduler: str | None = None,
         on_progress: Callable[[int, int], None] | None = None) -> Capacity:
-    """Search every setting of ``config``'s grid (its rate axis removed)."""
-    sweep = {k: v for k, v in config.sweep.items() if k != RATE}
-    grid = build_grid(config.model_copy(update={"sweep": sweep}))
+    """Search every setting of ``grid`` (see :func:`settings`)."""
     workers = workers or os.cpu_count() or 1
     answers: list[Answer | None] = [None] * grid.size
     blocks = [list(range(i, grid.size, workers * 2)) for i in range(min(grid.size, workers * 2))]

@@ -82,3 +82,11 @@ def test_parse_size_rejects_nonsense():
     for text in ("", "GB", "-1GB", "0", "8XB"):
         with pytest.raises(ConfigError, match="--max-memory"):
             memory.parse_size(text)
+
+
+def test_capacity_checks_the_largest_point_of_its_grid(root, tmp_path):
+    line = one_line(CliRunner().invoke(app, ["capacity", str(root / "configs/h100.yaml"), "--quiet", "--workers", "1",
+                                             "--set", "sweep.workload.n_requests=[1000, 1e9]", "--max-memory", "1GB",
+                                             "--out", str(tmp_path / "c.nc")]))
+    assert line.startswith("error: workload.n_requests: 1,000,000,000 requests need ~256 GB")
+    assert not list(tmp_path.iterdir())
