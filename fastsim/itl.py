@@ -21,6 +21,7 @@ import numpy as np
 
 from ._jit import inline, jit
 from .cost import step_time
+from .kernels._calendar import run_lengths, run_m, run_step, run_w
 
 BINS = 4096
 SMALL = 256  # values sorted outright
@@ -30,10 +31,9 @@ LIST_MAX = 1 << 15  # steps listed and selected outright
 
 @inline
 def _duration(k, runs, r, j):
-    """Duration of step ``j`` of run ``r`` (the same operations as the kernel's). Element
-    access only: a row view would cost reference counting on every call."""
-    extra = j * (runs[r, 2] & 0xFFFFFFFF)
-    return step_time(k, runs[r, 2] >> 32, runs[r, 0] + extra, runs[r, 1] + extra)
+    """Duration of step ``j`` of run ``r`` (the same operations as the kernel's)."""
+    n_tokens, kv_tokens, pairs = run_step(runs, r, j)
+    return step_time(k, n_tokens, kv_tokens, pairs)
 
 
 @inline
@@ -157,7 +157,7 @@ def _list(k, runs, cr, ca, cb, gvals):
         r = cr[c]
         for j in range(ca[c], cb[c] + 1):
             vals[t] = _duration(k, runs, r, j)
-            wts[t] = runs[r, 2] & 0xFFFFFFFF
+            wts[t] = run_w(runs, r)
             t += 1
     vals[t:] = gvals
     wts[t:] = 1
@@ -185,14 +185,14 @@ def _refine(k, runs, cr, ca, cb, gvals, rank):
         for t in range(sc):
             c = t * nc // sc
             values[t] = _duration(k, runs, cr[c], (ca[c] + cb[c]) // 2)
-            weights[t] = (cb[c] - ca[c] + 1) * (runs[cr[c], 2] & 0xFFFFFFFF) * (nc / sc)
+            weights[t] = (cb[c] - ca[c] + 1) * (run_w(runs, cr[c])) * (nc / sc)
         for t in range(sg):
             values[sc + t] = gvals[t * gvals.size // sg]
             weights[sc + t] = gvals.size / sg
         values, cum, spread = _sorted_sample(values, weights)
         count = gvals.size
         for c in range(nc):
-            count += (cb[c] - ca[c] + 1) * (runs[cr[c], 2] & 0xFFFFFFFF)
+            count += (cb[c] - ca[c] + 1) * (run_w(runs, cr[c]))
         f = rank / count
         margin = 4 * np.sqrt(f * (1 - f)) * spread + 1e-4
         na = np.empty(nc, np.int64)
@@ -205,7 +205,7 @@ def _refine(k, runs, cr, ca, cb, gvals, rank):
             keep = 0
             for c in range(nc):
                 r = cr[c]
-                w = runs[r, 2] & 0xFFFFFFFF
+                w = run_w(runs, r)
                 steps_below, ja, jb = _in_window(k, runs, r, ca[c], cb[c], low, high)
                 below += steps_below * w
                 if ja <= jb:
@@ -240,8 +240,8 @@ def _sample(k, runs, gaps):
     weights = np.empty(sr + sg)
     for t in range(sr):
         r = t * nr // sr
-        values[t] = _duration(k, runs, r, runs[r, 3] // 2)
-        weights[t] = runs[r, 3] * (runs[r, 2] & 0xFFFFFFFF) * (nr / sr)
+        values[t] = _duration(k, runs, r, run_m(runs, r) // 2)
+        weights[t] = run_m(runs, r) * (run_w(runs, r)) * (nr / sr)
     for t in range(sg):
         values[sr + t] = gaps[t * ng // sg]
         weights[sr + t] = ng / sg
@@ -271,8 +271,8 @@ def _select(k, runs, gaps, rank, total, values, cum, spread):
         inside = 0
         keep = 0
         for r in range(nr):  # _in_window written out: most runs miss the window, and skipping
-            last = runs[r, 3] - 1  # them at once makes this pass ~30 % faster (measured)
-            w = runs[r, 2] & 0xFFFFFFFF
+            last = run_m(runs, r) - 1  # them at once makes this pass ~30 % faster (measured)
+            w = run_w(runs, r)
             da = _duration(k, runs, r, 0)
             if da > high:
                 continue
@@ -306,8 +306,9 @@ def quantiles(k: np.ndarray, runs: np.ndarray, gaps: np.ndarray, total: int, ps:
     if total == 0:
         return [float("nan")] * len(ps)
     ranks = [min(total - 1, int(p * total)) for p in ps]
-    if int(runs[:, 3].sum()) + gaps.size <= LIST_MAX:  # a small run: list every gap, no sampling
-        vals, wts = _list(k, runs, np.arange(len(runs)), np.zeros(len(runs), np.int64), runs[:, 3] - 1, gaps)
+    lengths = run_lengths(runs)
+    if int(lengths.sum()) + gaps.size <= LIST_MAX:  # a small run: list every gap, no sampling
+        vals, wts = _list(k, runs, np.arange(len(runs)), np.zeros(len(runs), np.int64), lengths - 1, gaps)
         return [float(_weighted_select(vals, wts, rank)) for rank in ranks]
     values, cum, spread = _sample(k, runs, gaps)
     return [float(_select(k, runs, gaps, rank, total, values, cum, spread)) for rank in ranks]

@@ -1,5 +1,6 @@
 """The fast kernels against the pure-Python oracle, invariants, and queueing theory."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -133,7 +134,8 @@ def test_continuous_single_slot_is_an_mg1_queue():
 
 
 def test_outputs_longer_than_the_calendar_ring():
-    """Requests due a whole turn (or several) of the bounded calendar ahead finish on time."""
+    """Requests due a whole turn (or several) of the bounded calendar ahead finish on time, in
+    the lesson's kernels and in the serving model's (forced onto the same config)."""
     from fastsim.traffic import Traffic
 
     ring = kernels.RING_MAX
@@ -149,3 +151,5 @@ def test_outputs_longer_than_the_calendar_ring():
                                                       policy, 3, window, t_weight, t_kv)
         assert fast.done_s.tolist() == done and fast.first_token_s.tolist() == first
         assert (fast.steps, fast.busy_slot_steps) == (steps, busy)
+        serving = kernels.run(config, traffic, dataclasses.replace(kernels.Plan.of(config, traffic), lesson=False))
+        assert serving.done_s.tolist() == done and serving.first_token_s.tolist() == first

@@ -16,7 +16,7 @@ from .. import cost
 from ..config import Config
 from ..traffic import Traffic
 from . import lesson, serving
-from ._calendar import RING_MAX, new_runs
+from ._calendar import COMPACT_RUN, FULL_COLUMNS, RING_MAX
 
 __all__ = ["POLICIES", "RING_MAX", "Outcome", "Plan", "Scratch", "run", "step_time_coefficients"]
 
@@ -75,7 +75,7 @@ class Outcome:
     kv_blocks: int  # in the cache; -1: unlimited
     kv_block_steps: int  # sum over steps of the blocks in use
     kv_peak_blocks: int
-    runs: np.ndarray  # int64 (r, 4): step runs, for inter-token latencies (see ._calendar)
+    runs: np.ndarray  # step runs, for inter-token latencies: int64 (r, 4), or COMPACT_RUN (r,) (see ._calendar)
     gaps_s: np.ndarray  # float64: inter-token gaps of requests that skipped steps
     k: np.ndarray  # the step-time coefficients the runs' durations come from
 
@@ -129,12 +129,15 @@ class Scratch:
     per million requests, as much as a fifth of the kernel. Grows as needed."""
 
     def __init__(self) -> None:
-        self.runs = new_runs(0)
+        self.buffer = np.empty(0, np.int64)
 
-    def take(self, rows: int) -> np.ndarray:
-        if len(self.runs) < rows or len(self.runs) > 8 * rows + (1 << 20):  # grow, or let a huge one go
-            self.runs = new_runs(rows)
-        return self.runs
+    def take(self, rows: int, compact: bool) -> np.ndarray:
+        """Room for ``rows`` runs in the compact or the full layout."""
+        size = rows * (COMPACT_RUN.itemsize // 8 if compact else FULL_COLUMNS)
+        if self.buffer.size < size or self.buffer.size > 8 * size + (1 << 22):  # grow, or let a huge one go
+            self.buffer = np.empty(size, np.int64)
+        room = self.buffer[:size]
+        return room.view(COMPACT_RUN) if compact else room.reshape(rows, FULL_COLUMNS)
 
 
 def run(config: Config, traffic: Traffic, plan: Plan | None = None, scratch: Scratch | None = None) -> Outcome:
@@ -147,7 +150,7 @@ def run(config: Config, traffic: Traffic, plan: Plan | None = None, scratch: Scr
     room = (RUNS_PER_REQUEST * n + 64, n // 8 + 64)
     kernel = POLICIES[config.engine.policy]
     while True:
-        runs = new_runs(room[0]) if scratch is None else scratch.take(room[0])
+        runs = (Scratch() if scratch is None else scratch).take(room[0], p.lesson)
         gaps = np.empty(room[1])
         steps, busy, queue, preemptions, kv_sum, kv_peak, runs, nruns, gaps, ngaps = kernel(
             p, traffic, first_token, done, runs, gaps

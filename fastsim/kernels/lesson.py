@@ -12,9 +12,9 @@ Two things keep the work per step independent of the batch size:
   ``cursor`` (no integer division in the loop).
 
 And most iterations change nothing but the clock: while nobody can be admitted and nobody
-finishes, a tight fast path runs bare steps (about 4 ns each here) until the next event. Each
-general step and each fast-path run is recorded as a step run (the lesson's cost reads C only,
-so N is recorded as 0 and A as C) for the inter-token latencies.
+finishes, a tight fast path runs bare steps (2 to 3 ns each here) until the next event. Each
+general step and each fast-path run is recorded as a step run for the inter-token latencies, in
+the compact layout (the lesson's cost reads C only).
 """
 
 from __future__ import annotations
@@ -22,27 +22,25 @@ from __future__ import annotations
 import numpy as np
 
 from .._jit import inline, jit
-from ._calendar import RING_MAX, due_now, file, record
+from ._calendar import RING_MAX, due_now, file, record_compact
+
 
 @inline
-def _steps_until_completion(arrival, head, bucket, cursor, now, steps, ctx, busy, active, t_weight, t_kv):
-    """Fast path while nobody can be admitted: run the loop's next iterations as bare steps
-    (arrivals only lengthen the queue), stopping before a step that has completions. The next
-    general iteration then records the queue.
+def _steps_until_completion(bucket, cursor, now, ctx, active, t_weight, t_kv):
+    """Fast path while nobody can be admitted: run bare steps, stopping before a step that has
+    completions. Arrivals meanwhile only lengthen the queue; the next general iteration counts
+    them (and records the queue) as if they had been counted step by step.
 
-    Returns the updated (head, cursor, now, steps, ctx, busy).
+    Returns the updated (cursor, now, ctx) and the number of steps run.
     """
-    n = arrival.size
+    m = 0
     while True:
-        while head < n and arrival[head] <= now:
-            head += 1
         nxt = cursor + 1 if cursor + 1 < bucket.size else 0
         if bucket[nxt] >= 0:
-            return head, cursor, now, steps, ctx, busy
+            return cursor, now, ctx, m
         now += t_weight + t_kv * ctx
-        steps += 1
         ctx += active
-        busy += active
+        m += 1
         cursor = nxt
 
 
@@ -58,8 +56,8 @@ def _continuous(arrival, prompt, output, limit, t_weight, t_kv, first_token, don
     t_weight, t_kv : float    step time = t_weight + t_kv * ctx seconds
     first_token, done : float64 (n,)    filled with the end times of each request's first and
         last token steps
-    runs : int64 (capacity, 4)    step runs (see :mod:`._calendar`): the kernel returns how many
-        it needed
+    runs : int64 (capacity, 2)    step runs in the compact layout (see :mod:`._calendar`): the
+        kernel returns how many it needed
 
     Returns
     -------
@@ -67,6 +65,7 @@ def _continuous(arrival, prompt, output, limit, t_weight, t_kv, first_token, don
     """
     n = arrival.size
     ring = min(output.max() + 1, RING_MAX)
+    wraps = output.max() >= ring
     bucket = np.full(ring, -1, np.int64)  # head of a linked list of requests finishing there
     link = np.empty(n, np.int64)
     due = np.empty(n, np.int64)  # the step that emits each request's last token
@@ -95,7 +94,7 @@ def _continuous(arrival, prompt, output, limit, t_weight, t_kv, first_token, don
             now = arrival[head]
             continue
         d = t_weight + t_kv * ctx
-        nruns = record(runs, nruns, 0, ctx, ctx, 1, running - (qhead - admitted))
+        nruns = record_compact(runs, nruns, ctx, 1, running - (qhead - admitted))
         now += d
         steps += 1
         ctx += running
@@ -103,7 +102,7 @@ def _continuous(arrival, prompt, output, limit, t_weight, t_kv, first_token, don
         for i in range(admitted, qhead):
             first_token[i] = now
         cursor = cursor + 1 if cursor + 1 < ring else 0
-        i = due_now(bucket, link, due, cursor, steps)
+        i = due_now(bucket, link, due, cursor, steps, wraps)
         while i >= 0:
             done[i] = now
             ctx -= prompt[i] + output[i]
@@ -111,11 +110,10 @@ def _continuous(arrival, prompt, output, limit, t_weight, t_kv, first_token, don
             i = link[i]
         # Fast path: run the next iterations in which nobody is admitted and nobody finishes as
         # bare steps, stopping before a step with completions.
-        ctx0, steps0 = ctx, steps
+        ctx0 = ctx
+        m = 0
         if running == limit:  # full: arrivals only lengthen the queue
-            head, cursor, now, steps, ctx, busy = _steps_until_completion(
-                arrival, head, bucket, cursor, now, steps, ctx, busy, running, t_weight, t_kv
-            )
+            cursor, now, ctx, m = _steps_until_completion(bucket, cursor, now, ctx, running, t_weight, t_kv)
         elif running > 0 and qhead == head:  # free slots, empty queue: until the next arrival
             next_arrival = arrival[head] if head < n else np.inf
             while now < next_arrival:
@@ -123,13 +121,13 @@ def _continuous(arrival, prompt, output, limit, t_weight, t_kv, first_token, don
                 if bucket[nxt] >= 0:
                     break
                 now += t_weight + t_kv * ctx
-                steps += 1
                 ctx += running
-                busy += running
+                m += 1
                 cursor = nxt
-        m = steps - steps0
         if m > 0:
-            nruns = record(runs, nruns, 0, ctx0, ctx0, m, running)
+            steps += m
+            busy += m * running
+            nruns = record_compact(runs, nruns, ctx0, m, running)
     return steps, busy, max_queue, nruns
 
 
@@ -143,6 +141,7 @@ def _batched(arrival, prompt, output, limit, window, t_weight, t_kv, first_token
     """
     n = arrival.size
     ring = min(output.max() + 1, RING_MAX)
+    wraps = output.max() >= ring
     bucket = np.full(ring, -1, np.int64)
     link = np.empty(n, np.int64)
     due = np.empty(n, np.int64)
@@ -182,7 +181,7 @@ def _batched(arrival, prompt, output, limit, window, t_weight, t_kv, first_token
             continue
         first_step = steps == batch_start
         d = t_weight + t_kv * ctx
-        nruns = record(runs, nruns, 0, ctx, ctx, 1, 0 if first_step else active)
+        nruns = record_compact(runs, nruns, ctx, 1, 0 if first_step else active)
         now += d
         steps += 1
         ctx += active
@@ -191,17 +190,16 @@ def _batched(arrival, prompt, output, limit, window, t_weight, t_kv, first_token
             for i in range(batch_lo, qhead):
                 first_token[i] = now
         cursor = cursor + 1 if cursor + 1 < ring else 0
-        i = due_now(bucket, link, due, cursor, steps)
+        i = due_now(bucket, link, due, cursor, steps, wraps)
         while i >= 0:
             done[i] = now
             active -= 1
             i = link[i]
         if active > 0:  # nobody is admitted while a batch runs
-            ctx0, steps0 = ctx, steps
-            head, cursor, now, steps, ctx, busy = _steps_until_completion(
-                arrival, head, bucket, cursor, now, steps, ctx, busy, active, t_weight, t_kv
-            )
-            m = steps - steps0
+            ctx0 = ctx
+            cursor, now, ctx, m = _steps_until_completion(bucket, cursor, now, ctx, active, t_weight, t_kv)
             if m > 0:
-                nruns = record(runs, nruns, 0, ctx0, ctx0, m, active)
+                steps += m
+                busy += m * active
+                nruns = record_compact(runs, nruns, ctx0, m, active)
     return steps, busy, max_queue, nruns

@@ -384,6 +384,7 @@ def _batched(arrival, prompt, output, limit, window, k, blocks, bt, pb, o_max, a
     n = arrival.size
     cached = pb * bt
     ring = min(output.max() + 1, RING_MAX)
+    wraps = output.max() >= ring
     bucket = np.full(ring, -1, np.int64)
     link = np.empty(n, np.int64)
     due = np.empty(n, np.int64)
@@ -465,7 +466,7 @@ def _batched(arrival, prompt, output, limit, window, k, blocks, bt, pb, o_max, a
             for i in range(batch_lo, qhead):
                 first_token[i] = now + api
         cursor = cursor + 1 if cursor + 1 < ring else 0
-        i = due_now(bucket, link, due, cursor, steps)
+        i = due_now(bucket, link, due, cursor, steps, wraps)
         while i >= 0:
             done[i] = now + api
             active -= 1
