@@ -104,7 +104,7 @@ def bench(
     n_requests: int = 1_000_000,
     rates: tuple[float, ...] = (8.0, 40.0),
     policies: tuple[str, ...] = tuple(kernels.POLICIES),
-    repeats: int = 3,
+    repeats: int = 5,
     serving_rates: tuple[float, ...] = SERVING_RATES,
 ) -> list[BenchRow]:
     """Time every policy at every rate on the lesson's model, then continuous batching on the

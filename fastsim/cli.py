@@ -323,7 +323,7 @@ def plot(
 @app.command()
 def bench(
     n: Annotated[int, typer.Option("--n", help="Requests per run.", min=1)] = 1_000_000,
-    repeats: Annotated[int, typer.Option(help="Timed runs per case (best is kept).", min=1)] = 3,
+    repeats: Annotated[int, typer.Option(help="Timed runs per case (best is kept).", min=1)] = 5,
     sweep_points: Annotated[int, typer.Option(help="Points of the sweep-overhead grid.", min=4)] = 20_000,
 ) -> None:
     """Measure the simulator's own speed: simulated requests/s per policy and rate, one core."""
