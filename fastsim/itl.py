@@ -185,14 +185,14 @@ def _refine(k, runs, cr, ca, cb, gvals, rank):
         for t in range(sc):
             c = t * nc // sc
             values[t] = _duration(k, runs, cr[c], (ca[c] + cb[c]) // 2)
-            weights[t] = (cb[c] - ca[c] + 1) * (run_w(runs, cr[c])) * (nc / sc)
+            weights[t] = (cb[c] - ca[c] + 1) * run_w(runs, cr[c]) * (nc / sc)
         for t in range(sg):
             values[sc + t] = gvals[t * gvals.size // sg]
             weights[sc + t] = gvals.size / sg
         values, cum, spread = _sorted_sample(values, weights)
         count = gvals.size
         for c in range(nc):
-            count += (cb[c] - ca[c] + 1) * (run_w(runs, cr[c]))
+            count += (cb[c] - ca[c] + 1) * run_w(runs, cr[c])
         f = rank / count
         margin = 4 * np.sqrt(f * (1 - f)) * spread + 1e-4
         na = np.empty(nc, np.int64)
@@ -241,7 +241,7 @@ def _sample(k, runs, gaps):
     for t in range(sr):
         r = t * nr // sr
         values[t] = _duration(k, runs, r, run_m(runs, r) // 2)
-        weights[t] = run_m(runs, r) * (run_w(runs, r)) * (nr / sr)
+        weights[t] = run_m(runs, r) * run_w(runs, r) * (nr / sr)
     for t in range(sg):
         values[sr + t] = gaps[t * ng // sg]
         weights[sr + t] = ng / sg

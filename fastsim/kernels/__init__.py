@@ -125,7 +125,7 @@ def step_time_coefficients(config: Config) -> tuple[float, float]:
 
 class Scratch:
     """Room for a kernel's step runs, kept between runs by a caller that uses each Outcome before
-    the next run (as :func:`fastsim.simulate` does): a fresh buffer's first touch costs ~20 ms
+    the next run (as :func:`fastsim.simulate` does): a fresh buffer's first touch costs 10-20 ms
     per million requests, as much as a fifth of the kernel. Grows as needed."""
 
     def __init__(self) -> None:

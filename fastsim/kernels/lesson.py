@@ -56,8 +56,8 @@ def _continuous(arrival, prompt, output, limit, t_weight, t_kv, first_token, don
     t_weight, t_kv : float    step time = t_weight + t_kv * ctx seconds
     first_token, done : float64 (n,)    filled with the end times of each request's first and
         last token steps
-    runs : int64 (capacity, 2)    step runs in the compact layout (see :mod:`._calendar`): the
-        kernel returns how many it needed
+    runs : COMPACT_RUN (capacity,)    step runs (see :mod:`._calendar`): the kernel returns how
+        many it needed
 
     Returns
     -------
