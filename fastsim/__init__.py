@@ -1,14 +1,16 @@
-"""fastsim: fast, exact simulation of LLM-serving batching policies."""
+"""fastsim: fast, exact simulation of LLM serving engines and fleets.
 
-from .config import Config, ConfigError, load_config
-from .simulation import Result, simulate
+The package is built in one-way layers, each importing only those below it:
+``model`` (the config schema, presets, step cost: data and formulas) -> ``engine`` (traffic,
+traces, the checks that a scenario can run, the Numba kernels, routers, fleets) -> ``analysis``
+(metrics, inter-token latencies, one scenario end to end, capacity, plan, compare, plot) ->
+``sweep`` (grids, running them, checkpoints, memory estimates, output files, summaries) ->
+``api`` -> ``cli``.
+"""
 
+from ._version import __version__
+from .api import load_config, simulate, sweep
+from .model.schema import Config, ConfigError
+from .analysis.simulation import Result
 
-def sweep(config, workers=None, scheduler=None, on_progress=None):
-    """Run every point of ``config.sweep``; returns an xarray Dataset (see :func:`fastsim.api.sweep`)."""
-    from .api import sweep as _sweep
-
-    return _sweep(config, workers, scheduler, on_progress)
-
-__version__ = "0.1.0"
 __all__ = ["Config", "ConfigError", "Result", "load_config", "simulate", "sweep", "__version__"]

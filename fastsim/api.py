@@ -1,20 +1,38 @@
-"""The Python API for sweeps: run a config's grid and get (or write) a labelled Dataset."""
+"""The Python API: load a config, run a scenario, a sweep or a capacity search, and get (or
+write) labelled results. The CLI calls only this."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from . import io, memory
-from .config import Config, ConfigError
-from .files import output_lock
-from .grid import Grid, build_grid, run_grid
+from .analysis.capacity import RATE, CapacitySearch
+from .analysis.simulation import Result, simulate
+from .analysis.targets import Target
+from .engine import checks
+from .model.loading import read_config
+from .model.schema import Config, ConfigError
+from .sweep import io, memory
+from .sweep.files import output_lock
+from .sweep.grid import Grid, build_grid
+from .sweep.runner import Task, run_grid
 
 if TYPE_CHECKING:
     import xarray as xr
+
+__all__ = ["Result", "capacity_to_file", "checkpoint_path", "load_config", "simulate", "sweep", "sweep_to_file"]
+
+
+def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Config:
+    """Read a YAML config (following ``extends:``), apply dotted-key ``overrides`` (a key
+    ``sweep.<dotted.key>`` sets one sweep axis), validate it and check that its base scenario can
+    run; every problem is a :class:`ConfigError` naming the key."""
+    config = read_config(path, overrides)
+    checks.check(config)
+    return config
 
 
 def _fits(grid: Grid, workers: int | None, scheduler: str | None, max_memory: int | None, points: int) -> Grid:
@@ -47,12 +65,22 @@ def sweep(
     local Dask cluster. ``max_memory``: bytes the sweep may use (default: what is available).
     """
     grid = _grid(config, workers, scheduler, max_memory)
-    return io.sweep_dataset(grid, run_grid(grid, workers, scheduler, on_progress=on_progress))
+    return io.sweep_layout(grid, run_grid(grid, workers, scheduler, on_progress=on_progress)).to_dataset()
 
 
 def checkpoint_path(out: Path) -> Path:
-    """Where a sweep writing ``out`` records its finished points."""
+    """Where a run writing ``out`` records its finished points."""
     return out.with_name(out.name + ".partial")
+
+
+def _to_file(grid: Grid, task: Task | None, out: Path, workers: int | None, scheduler: str | None, resume: bool,
+             on_progress: Callable[[int, int], None] | None) -> np.ndarray:
+    """Run ``task`` on every point of ``grid`` under a lock on ``out``, checkpointed beside it;
+    returns the table (the caller writes ``out`` and then drops the checkpoint)."""
+    partial = checkpoint_path(out)
+    if partial.exists() and not resume:
+        raise ConfigError(f"{partial}: an interrupted run left this; pass --resume to continue it, or delete it")
+    return run_grid(grid, workers, scheduler, checkpoint=partial, resume=resume, on_progress=on_progress, task=task)
 
 
 def sweep_to_file(
@@ -72,31 +100,36 @@ def sweep_to_file(
     the sweep holds a lock on ``out``: a second sweep on the same output is refused.
     """
     out = Path(out)
-    partial = checkpoint_path(out)
     grid = _grid(config, workers, scheduler, max_memory)
     with output_lock(out):
-        if partial.exists() and not resume:
-            raise ConfigError(f"{partial}: an interrupted sweep left this; pass --resume to continue it, or delete it")
-        table = run_grid(grid, workers, scheduler, checkpoint=partial, resume=resume, on_progress=on_progress)
+        table = _to_file(grid, None, out, workers, scheduler, resume, on_progress)
         io.sweep_layout(grid, table).write(out)
-        partial.unlink()
+        checkpoint_path(out).unlink()
     return grid, table
+
+
+def capacity_settings(config: Config) -> Grid:
+    """The settings a capacity search answers: ``config``'s grid with its rate axis removed."""
+    return build_grid(config.model_copy(update={"sweep": {k: v for k, v in config.sweep.items() if k != RATE}}))
 
 
 def capacity_to_file(
     config: Config,
-    targets: list,
+    targets: list[Target],
     out: str | Path,
     workers: int | None = None,
     scheduler: str | None = None,
+    resume: bool = False,
     on_progress: Callable[[int, int], None] | None = None,
     max_memory: int | None = None,
-):
-    """Search every setting's capacity (:func:`fastsim.capacity.run`) and write it as netCDF to
-    ``out`` (atomically); returns the :class:`~fastsim.capacity.Capacity`."""
-    from . import capacity
-
-    grid = _fits(capacity.settings(config), workers, scheduler, max_memory, 0)
-    result = capacity.run(grid, targets, workers, scheduler, on_progress)
-    io.capacity_layout(result, targets).write(out)
-    return result
+) -> tuple[Grid, np.ndarray]:
+    """Search every setting's capacity (:func:`fastsim.analysis.capacity.search`) and write it as
+    netCDF to ``out`` (atomically; checkpointed and resumable as :func:`sweep_to_file`); returns
+    the settings' grid and their rows (:class:`~fastsim.analysis.capacity.CapacitySearch`)."""
+    out = Path(out)
+    grid = _fits(capacity_settings(config), workers, scheduler, max_memory, 0)
+    with output_lock(out):
+        table = _to_file(grid, CapacitySearch(targets), out, workers, scheduler, resume, on_progress)
+        io.capacity_layout(grid, table, targets).write(out)
+        checkpoint_path(out).unlink()
+    return grid, table

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import kernels
-from .config import Config
-from .simulation import measure
-from .traffic import generate
+from .analysis.simulation import measure
+from .engine import kernels
+from .engine.traffic import generate
+from .model.schema import Config
 
 
 @dataclass(frozen=True)
@@ -160,7 +160,8 @@ class SweepOverhead:
 def sweep_overhead(points: int = 20_000) -> SweepOverhead:
     """What a sweep costs per point beyond simulating it: a grid of ``points`` points (seeds x
     rates) of 10 requests each, so the simulation itself is a small share of the time."""
-    from .grid import build_grid, make_blocks, run_grid
+    from .sweep.grid import build_grid
+    from .sweep.runner import make_blocks, run_grid
 
     rates = [1.0, 2.0, 4.0, 8.0]
     config = Config().with_values({"workload.n_requests": 10}).model_copy(

@@ -26,7 +26,8 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from .config import Config, ConfigError, load_config, parse_override
+from .model.loading import parse_override
+from .model.schema import Config, ConfigError
 
 app = typer.Typer(
     add_completion=False,
@@ -69,11 +70,13 @@ def _user_errors():
 
 
 def _load(path: Path, sets: list[str] | None) -> Config:
+    from .api import load_config
+
     return load_config(path, dict(parse_override(s) for s in sets or []))
 
 
 def _max_memory(text: str | None) -> int | None:
-    from .memory import parse_size
+    from .sweep.memory import parse_size
 
     return None if text is None else parse_size(text)
 
@@ -105,15 +108,16 @@ def run(
     max_memory: MaxMemoryOpt = None,
 ) -> None:
     """Simulate one scenario (the config's base values; its sweep grid is ignored)."""
-    from . import memory, simulate
-    from .metrics import METRICS
+    from .analysis.metrics import METRICS
+    from .api import simulate
+    from .sweep import memory
 
     with _user_errors():
         cfg = _load(config, set_)
         memory.check(cfg, limit=_max_memory(max_memory))
         result = simulate(cfg)
     if requests_out is not None:
-        from .io import requests_layout
+        from .sweep.io import requests_layout
 
         try:
             requests_layout(result).write(requests_out)
@@ -150,8 +154,8 @@ def sweep(
     max_memory: MaxMemoryOpt = None,
 ) -> None:
     """Run the config's sweep grid into one labelled netCDF dataset, then print a summary."""
-    from .api import checkpoint_path, sweep_to_file
-    from .summary import summarize
+    from .api import sweep_to_file
+    from .sweep.summary import summarize
 
     with _user_errors():
         cfg = _load(config, set_)
@@ -166,9 +170,7 @@ def sweep(
                 max_memory=limit,
             )
     except KeyboardInterrupt:
-        kept = checkpoint_path(target)
-        hint = f"; finished points are kept in {kept}: rerun with --resume" if kept.exists() else ""
-        raise _fail(f"interrupted{hint}", 130) from None
+        raise _fail(f"interrupted{_kept(target)}", 130) from None
     except OSError as exc:
         raise _fail(f"{target}: {exc.strerror or exc}") from None
     finally:
@@ -178,6 +180,14 @@ def sweep(
     err.print(f"wrote {target} ({n_points} point{'s' * (n_points != 1)} in {elapsed:.1f} s)")
     title, headers, rows, labels = summarize(grid, table)
     _print_table(title, headers, rows, left=labels)
+
+
+def _kept(out: Path) -> str:
+    """What an interrupted run kept, for its last line."""
+    from .api import checkpoint_path
+
+    kept = checkpoint_path(out)
+    return f"; finished points are kept in {kept}: rerun with --resume" if kept.exists() else "; nothing was kept"
 
 
 def _progress(label: str, quiet: bool) -> tuple[Progress, Callable[[int, int], None]]:
@@ -224,37 +234,35 @@ def capacity(
     ] = None,
     workers: Annotated[Optional[int], typer.Option(help="Worker threads (default: all cores).", min=1)] = None,
     scheduler: Annotated[Optional[str], typer.Option(help="Dask scheduler address, or 'local'.")] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue an interrupted search.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
     max_memory: MaxMemoryOpt = None,
 ) -> None:
     """The highest request rate each setting of the grid (its rate axis removed) sustains while
     every target holds; default target: the config's slo met by 90 % of requests."""
+    from .analysis.targets import targets_from
     from .api import capacity_to_file
-    from .capacity import default_targets, parse_target
-    from .summary import capacity_rows
+    from .sweep.summary import capacity_rows
 
     with _user_errors():
         cfg = _load(config, set_)
-        targets = [parse_target(t) for t in target or []]
-        if attainment is not None:
-            targets.append(*default_targets(cfg, attainment))
-        targets = targets or default_targets(cfg, None)
+        targets = targets_from(cfg, target, attainment)
         limit = _max_memory(max_memory)
     destination = out_path or Path("results") / f"{config.stem}-capacity.nc"
     progress, on_progress = _progress("capacity", quiet)
     started = time.perf_counter()
     try:
         with _user_errors():
-            result = capacity_to_file(cfg, targets, destination, workers, scheduler, on_progress, limit)
+            grid, table = capacity_to_file(cfg, targets, destination, workers, scheduler, resume, on_progress, limit)
     except KeyboardInterrupt:
-        raise _fail("interrupted", 130) from None
+        raise _fail(f"interrupted{_kept(destination)}", 130) from None
     except OSError as exc:
         raise _fail(f"{destination}: {exc.strerror or exc}") from None
     finally:
         progress.stop()
-    err.print(f"wrote {destination} ({len(result.answers)} settings, {result.simulations} simulations in "
+    err.print(f"wrote {destination} ({grid.size} settings, {int(table[..., 3].sum())} simulations in "
               f"{time.perf_counter() - started:.1f} s)")
-    title, headers, rows, labels = capacity_rows(result, targets)
+    title, headers, rows, labels = capacity_rows(grid, table, targets)
     _print_table(title, headers, rows, left=labels)
 
 
@@ -270,7 +278,7 @@ def compare(
 ) -> None:
     """Compare two sweep (or capacity) datasets point by point. Exit 0: nothing got worse beyond
     --rtol; 1: a regression (the points are listed); 2: the datasets cannot be compared."""
-    from .compare import compare as run_compare
+    from .analysis.compare import compare as run_compare
 
     with _user_errors():
         report = run_compare(baseline, candidate, rtol, metric)
@@ -311,7 +319,7 @@ def plot(
 ) -> None:
     """Draw a sweep or capacity dataset: metrics against an axis, lines by --hue, panels by --col."""
     try:
-        from .plot import figure
+        from .analysis.plot import figure
     except ImportError:
         raise _fail("fastsim plot needs matplotlib: pip install 'fastsim[plot]'") from None
     destination = out_path or result.with_suffix(".png")
@@ -371,7 +379,7 @@ def bench(
 @app.command()
 def presets() -> None:
     """List the hardware and model presets with the values they fill."""
-    from .presets import HARDWARE, MODEL_SHAPES, MODELS
+    from .model.presets import HARDWARE, MODEL_SHAPES, MODELS
 
     hw_fields = ["peak_tflops", "mem_bandwidth_tb_s", "mem_gb", "link_gb_s", "link_latency_us"]
     _print_table(

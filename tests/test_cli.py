@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from fastsim import Config, load_config, simulate
 from fastsim.cli import app
-from fastsim.metrics import METRICS
+from fastsim.analysis.metrics import METRICS
 
 
 def test_run_prints_a_table(root):

@@ -1,0 +1,131 @@
+"""Compare two fastsim datasets (sweeps or capacity searches) point by point, for regressions.
+
+Each metric has a direction: throughput, goodput, attainment and capacity should not fall;
+latencies, queues and preemptions should not rise. A point regresses when its metric moved the
+wrong way by more than ``rtol`` (relative to the baseline); improvements are reported and never
+fail. Modelled on asv's ``compare --factor`` and pytest-benchmark's ``--benchmark-compare-fail``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..model.schema import ConfigError
+
+HIGHER_IS_BETTER = ("throughput_tok_s", "request_rate_rps", "goodput_rps", "slo_attainment", "max_rate_rps")
+LOWER_IS_BETTER = ("ttft_", "e2e_", "tpot_", "itl_", "max_queue", "preemptions")
+
+
+def direction(metric: str) -> int:
+    """+1 when higher is better, -1 when lower is, 0 when neither (not compared by default)."""
+    if metric in HIGHER_IS_BETTER:
+        return 1
+    if metric.startswith(LOWER_IS_BETTER):
+        return -1
+    return 0
+
+
+@dataclass
+class MetricReport:
+    direction: int
+    worst_change: float = 0.0  # relative, signed: negative is worse
+    worst_at: dict[str, Any] = field(default_factory=dict)
+    regressions: int = 0
+    improvements: int = 0
+
+
+@dataclass
+class Report:
+    rtol: float
+    metrics: dict[str, MetricReport]
+    regressed_points: list[dict[str, Any]]  # metric, at, baseline, candidate, change
+
+    @property
+    def regressed(self) -> bool:
+        return bool(self.regressed_points)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "rtol": self.rtol,
+            "regressed": self.regressed,
+            "metrics": {
+                name: {"direction": "higher is better" if r.direction > 0 else "lower is better",
+                       "worst_change": _finite(r.worst_change), "worst_at": r.worst_at,
+                       "regressions": r.regressions, "improvements": r.improvements}
+                for name, r in self.metrics.items()
+            },
+            "regressions": [{**p, **{k: _finite(p[k]) for k in ("baseline", "candidate", "change")}}
+                            for p in self.regressed_points],
+        }
+
+
+def _finite(x: float) -> float | str | None:
+    return None if math.isnan(x) else (x if math.isfinite(x) else ("inf" if x > 0 else "-inf"))
+
+
+def _open(path: Path):
+    import xarray as xr
+
+    try:
+        ds = xr.open_dataset(path).load()
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file") from None
+    except Exception as exc:  # netCDF4/HDF5 raise several kinds for a file that is not netCDF
+        raise ConfigError(f"{path}: not a netCDF dataset ({type(exc).__name__})") from None
+    if "fastsim_version" not in ds.attrs:
+        raise ConfigError(f"{path}: not a fastsim dataset (no fastsim_version attribute)")
+    return ds
+
+
+def _plain(value: Any) -> Any:
+    value = value.item() if hasattr(value, "item") else value
+    return None if isinstance(value, float) and math.isnan(value) else value
+
+
+def compare(baseline: Path, candidate: Path, rtol: float = 0.05, metrics: list[str] | None = None) -> Report:
+    """Compare ``candidate`` with ``baseline``; ConfigError when they cannot be compared."""
+    base, cand = _open(baseline), _open(candidate)
+    if list(base.indexes) != list(cand.indexes):
+        raise ConfigError(f"axes differ: baseline {tuple(base.indexes)} vs candidate {tuple(cand.indexes)}")
+    for dim in base.indexes:
+        a, b = base[dim].values, cand[dim].values
+        same = a.shape == b.shape and all(x == y or (x != x and y != y) for x, y in zip(a.tolist(), b.tolist()))
+        if not same:
+            raise ConfigError(f"coordinate {dim} differs: baseline {a.tolist()} vs candidate {b.tolist()}")
+    names = metrics or [v for v in base.data_vars if direction(v) != 0]
+    for name in names:
+        for label, ds in (("baseline", base), ("candidate", cand)):
+            if name not in ds.data_vars:
+                raise ConfigError(f"metric {name!r} is not in the {label} ({baseline if label == 'baseline' else candidate})")
+        if direction(name) == 0:
+            raise ConfigError(f"metric {name!r} has no better direction to compare")
+    report = Report(rtol, {}, [])
+    for name in names:
+        sign = direction(name)
+        a = base[name].transpose(*base.indexes).values.astype(float)
+        b = cand[name].transpose(*base.indexes).values.astype(float)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            change = np.where(a == b, 0.0, (b - a) / np.abs(a)) * sign + 0.0  # > 0 better, < 0 worse
+        change = np.where(np.isnan(a) & np.isnan(b), 0.0, change)
+        change = np.where(np.isfinite(a) & np.isnan(b), -np.inf, change)  # became undefined: worse
+        change = np.where(np.isnan(a) & np.isfinite(b), 0.0, change)
+        r = MetricReport(sign)
+        worse = change < -rtol
+        r.regressions = int(worse.sum())
+        r.improvements = int((change > rtol).sum())
+        flat = int(np.argmin(change)) if change.size else 0
+        if change.size:
+            r.worst_change = float(change.flat[flat])
+            idx = np.unravel_index(flat, change.shape) if change.ndim else ()
+            r.worst_at = {d: _plain(base[d].values[i]) for d, i in zip(base.indexes, idx)}
+        for idx in zip(*np.nonzero(worse)) if change.ndim else ([()] if worse else []):
+            at = {d: _plain(base[d].values[i]) for d, i in zip(base.indexes, idx)}
+            report.regressed_points.append({"metric": name, "at": at, "baseline": float(a[idx]),
+                                            "candidate": float(b[idx]), "change": float(change[idx])})
+        report.metrics[name] = r
+    return report

@@ -1,0 +1,62 @@
+"""One scenario end to end: checks -> traffic -> engine (one, or a fleet) -> metrics."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..engine import checks, fleet
+from ..engine.kernels import Outcome, Scratch
+from ..engine.traffic import Traffic, generate
+from ..model import fleet as pools
+from ..model.schema import Config
+from . import metrics
+
+_local = threading.local()  # each thread's Scratch
+
+
+@dataclass(frozen=True)
+class Result:
+    """Metrics (keyed by :data:`fastsim.analysis.metrics.METRICS` names) and per-request arrays
+    (``replica``: the replica that served each request, ``prefill_replica`` the prefill replica
+    when disaggregated; None for one engine)."""
+
+    config: Config
+    metrics: dict[str, float]
+    arrival_s: np.ndarray
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+    first_token_s: np.ndarray
+    done_s: np.ndarray
+    replica: np.ndarray | None = None
+    prefill_replica: np.ndarray | None = None
+
+
+def measure(config: Config, traffic: Traffic, out: Outcome) -> dict[str, float]:
+    """The metrics of an engine's or a fleet's outcome on ``traffic``."""
+    slo = config.slo
+    return metrics.compute(traffic.arrival_s, traffic.output_tokens, out, config.engine.max_batch,
+                           (slo.ttft_s, slo.tpot_s, slo.e2e_s), pools.gpus(config), pools.usd_per_hour(config))
+
+
+def scratch() -> Scratch:
+    """This thread's room for step runs (a fresh one per run costs page faults)."""
+    if not hasattr(_local, "scratch"):
+        _local.scratch = Scratch()
+    return _local.scratch
+
+
+def simulate(config: Config, traffic: Traffic | None = None, checked: bool = False) -> Result:
+    """Run one scenario: ``config``'s base values (its ``sweep:`` grid is ignored).
+
+    ``traffic`` may be passed to reuse arrays already drawn for ``config.workload``;
+    ``checked``: the caller already ran :func:`fastsim.engine.checks.check` on ``config``.
+    """
+    if not checked:
+        checks.check(config)
+    traffic = generate(config.workload) if traffic is None else traffic
+    out = fleet.run(config, traffic, scratch())  # measured before the next run on this thread
+    return Result(config, measure(config, traffic, out), traffic.arrival_s, traffic.prompt_tokens,
+                  traffic.output_tokens, out.first_token_s, out.done_s, out.replica, out.prefill_replica)

@@ -1,0 +1,159 @@
+"""Whether a scenario can run at all: the checks that span config sections, run once by the
+driver before any simulation (a run, or every combination of the axes a check reads in a
+sweep). Each refuses with :class:`ConfigError`, naming the keys and the numbers.
+
+The schema (:mod:`fastsim.model.schema`) checks fields alone; what needs several sections, the
+cost model or a trace file is here: the token budget against the running limit (vLLM's rule), a
+shared prefix shorter than every prompt, tensor parallelism that divides the KV heads and has a
+link to cost, weights that fit in memory, a longest request that fits in the KV cache, the
+fleet's prefill pool (continuous only, its own tp, hardware and budget) and routers that need
+continuous batching.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from ..model import fleet
+from ..model.cost import kv_blocks, kv_capacity_gb
+from ..model.presets import MODEL_SHAPES
+from ..model.schema import Config, ConfigError
+from . import trace
+
+LOAD_AWARE_ROUTERS = ("least_outstanding", "least_kv")
+
+
+def _workload_is_whole(config: Config) -> None:
+    w = config.workload
+    for key, value in (("rate", w.rate), ("n_requests", w.n_requests)):
+        if value is None and w.trace is None:
+            raise ConfigError(f"workload.{key}: null (as recorded) needs a workload.trace")
+    if w.rng == "stdlib":  # the lesson's stream: Poisson arrivals, fixed prompts, its output lengths
+        for key, value, lesson in (("arrival", w.arrival, "poisson"), ("prompt.dist", w.prompt.dist, "fixed"),
+                                   ("output.dist", w.output.dist, "lognormal or fixed"), ("trace", w.trace, None)):
+            if value is not None and value not in lesson.split(" or "):
+                raise ConfigError(f"workload.{key}: {value!r} needs workload.rng: numpy "
+                                  f"(the lesson's stdlib stream has {key} {lesson})")
+
+
+def _names(config: Config, prefill: bool) -> Callable[[str], str]:
+    """How errors name an engine key: as written, or for the prefill pool the fleet key that set it."""
+    f = config.fleet
+    renamed = {}
+    if prefill:
+        if f.prefill_tp is not None:
+            renamed["engine.tp"] = "fleet.prefill_tp"
+        if f.prefill_max_batched_tokens is not None:
+            renamed["engine.max_batched_tokens"] = "fleet.prefill_max_batched_tokens"
+    hardware = f"fleet.prefill_hardware {f.prefill_hardware}'s " if prefill and f.prefill_hardware else "hardware."
+
+    def name(key: str) -> str:
+        return renamed.get(key, hardware + key.removeprefix("hardware.") if key.startswith("hardware.") else key)
+
+    return name
+
+
+def _engine_runs(config: Config, output_max: int, prefill: bool = False) -> None:
+    """The engine of ``config`` (for the prefill pool: :func:`fastsim.model.fleet.prefill_config`)
+    can hold its model and the workload's longest request (``output_max`` output tokens)."""
+    hw, m, e, w = config.hardware, config.model, config.engine, config.workload
+    key = _names(config, prefill)
+    pool = "the prefill replicas: " if prefill else ""
+    if e.max_batched_tokens is not None and e.policy == "continuous" and e.max_batched_tokens < e.limit:
+        raise ConfigError(
+            f"{pool}{key('engine.max_batched_tokens')} ({e.max_batched_tokens}) must be at least the running limit, "
+            f"min(engine.max_batch, engine.max_concurrent) ({e.limit}), as in vLLM"
+        )
+    if e.tp > 1:
+        shape = MODEL_SHAPES.get(m.preset) if m.preset else None
+        if shape is not None and shape.kv_heads % e.tp:
+            raise ConfigError(f"{key('engine.tp')} ({e.tp}) must divide the {shape.kv_heads} KV heads "
+                              f"of model.preset {m.preset}")
+        missing = [k for k, v in ((key("hardware.link_gb_s"), hw.link_gb_s), ("model.n_layers", m.n_layers),
+                                  ("model.hidden", m.hidden)) if v is None]
+        if missing:
+            raise ConfigError(f"{key('engine.tp')} ({e.tp}) > 1 needs {' and '.join(missing)} for the all-reduce cost")
+    capacity = kv_capacity_gb(config)
+    if capacity is not None and capacity <= 0:
+        raise ConfigError(
+            f"{pool}model.weight_gb ({m.weight_gb:g}) does not fit: {key('engine.tp')} ({e.tp}) x "
+            f"({key('hardware.mem_gb')} ({hw.mem_gb:g}) x engine.gpu_memory_utilization ({e.gpu_memory_utilization:g}) "
+            f"- engine.reserved_gb ({e.reserved_gb:g})) = {e.tp * (hw.mem_gb * e.gpu_memory_utilization - e.reserved_gb):g} GB"
+        )
+    if w.trace is None:
+        longest_fits(config, w.prompt.largest, output_max, f"{pool}workload.prompt {w.prompt.largest} + output")
+
+
+def _can_run(config: Config) -> None:
+    w = config.workload
+    if w.trace is None and w.prefix_tokens and w.prefix_tokens >= w.prompt.smallest:
+        raise ConfigError(
+            f"workload.prefix_tokens ({w.prefix_tokens}) must be shorter than every prompt "
+            f"(the shortest workload.prompt is {w.prompt.smallest})"
+        )
+    _engine_runs(config, w.max_output)
+    f, policy = config.fleet, config.engine.policy
+    if f.router in LOAD_AWARE_ROUTERS and policy != "continuous":
+        raise ConfigError(f"fleet.router: {f.router} needs engine.policy continuous (got {policy}; static and "
+                          f"dynamic fleets route round_robin or random)")
+    if fleet.disaggregated(config):
+        if policy != "continuous":
+            raise ConfigError(f"fleet.prefill_replicas ({f.prefill_replicas}) needs engine.policy continuous "
+                              f"(got {policy}): disaggregated serving batches continuously")
+        _engine_runs(fleet.prefill_config(config), 1, prefill=True)
+
+
+def longest_fits(config: Config, prompt: int, output: int, what: str) -> None:
+    """Refuse a workload whose longest request (``prompt`` + ``output`` tokens, described by
+    ``what``) cannot fit in the KV cache: it could never finish."""
+    e = config.engine
+    blocks = kv_blocks(config)
+    if blocks is not None and prompt + output > blocks * e.block_tokens:
+        raise ConfigError(
+            f"workload: the longest request ({what} {output} = {prompt + output} tokens) does not fit in "
+            f"the KV cache ({blocks} blocks of engine.block_tokens {e.block_tokens} = {blocks * e.block_tokens} "
+            f"tokens, {kv_capacity_gb(config):.3g} GB)"
+        )
+
+
+def _trace_fits(config: Config) -> None:
+    """Refuse a trace with a request that can never run on ``config``'s engines (reads the file)."""
+    if config.workload.trace is None:
+        return
+    recorded, n = trace.requests(config.workload)
+    prompt, output = recorded.prompt_tokens[:n], recorded.output_tokens[:n]
+    engines = [(config, output, "")]
+    if fleet.disaggregated(config):
+        engines.append((fleet.prefill_config(config), np.ones_like(output), "the prefill replicas: "))
+    for engine, out, pool in engines:
+        longest = int(np.argmax(prompt + out))
+        row = f"{pool}{recorded.path}: row {recorded.lines[longest]} (prompt {prompt[longest]} + output"
+        longest_fits(engine, int(prompt[longest]), int(out[longest]), row)
+    prefix = config.workload.prefix_tokens
+    if prefix and prefix >= prompt.min():
+        short = int(np.argmin(prompt))
+        raise ConfigError(f"workload.prefix_tokens ({prefix}) must be shorter than every prompt "
+                          f"({recorded.path}: row {recorded.lines[short]} has {prompt[short]})")
+
+
+WORKLOAD_KEYS = ("workload.rate", "workload.n_requests", "workload.trace", "workload.rng", "workload.arrival",
+                 "workload.prompt.dist", "workload.output.dist")
+# What the engine checks read: a sweep runs them on every combination of the axes under these.
+ENGINE_KEYS = ("hardware.", "model.", "engine.", "fleet.", "workload.prompt.", "workload.output.",
+               "workload.prefix_tokens", "workload.trace")
+
+CHECKS: list[tuple[tuple[str, ...], Callable[[Config], None]]] = [
+    (WORKLOAD_KEYS, _workload_is_whole),
+    (ENGINE_KEYS, _can_run),
+    (ENGINE_KEYS + ("workload.n_requests",), _trace_fits),
+]
+"""(key prefixes a check reads, the check): a sweep runs each on every combination of the axes
+under its prefixes, the others at their first value. The last reads trace files."""
+
+
+def check(config: Config) -> None:
+    """Refuse ``config`` if it can never run (every check of :data:`CHECKS`)."""
+    for _, run in CHECKS:
+        run(config)

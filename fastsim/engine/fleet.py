@@ -1,0 +1,133 @@
+"""Fleets (DESIGN.md, "The fleet model"): ``fleet.replicas`` copies of the config's engine behind
+a router, optionally with a prefill pool in front. The driver folds each pool into a kernel
+plan once, routes, runs the pools and pools their outcomes into one (counters summed, latencies
+over every request, the step runs of every replica for the inter-token latencies).
+
+- One replica and no prefill pool is the single engine (:func:`fastsim.engine.kernels.run`).
+- A static router (round robin, random) decides from the request alone: each replica runs its
+  own requests apart, on the one-engine kernels. A load-aware router needs the replicas advanced
+  together: the pool kernel (:mod:`.kernels.pool`).
+- Disaggregated: the prefill pool runs each prompt as a one-token request (the prefill
+  replicas' hardware, tp and budget; the shared prefix cached there); each prefill replica's KV
+  link carries the prompts to the decode pool (:mod:`.link`), which routes them in order of KV
+  arrival and decodes them from c = p, g = 1 (no pinned prefix), so the gap to the second token
+  includes the transfer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from ..model import fleet as pools
+from ..model.schema import Config
+from . import link, router
+from .kernels import Outcome, Plan, Scratch, peak_use, run_engine, with_api
+from .kernels import run as run_one
+from .kernels.pool import coupled
+from .traffic import Traffic, routes
+
+ROOM_PER_REQUEST = 3  # step runs and gaps of a pool kernel, as the one-engine driver's
+
+
+def _merge(parts: list[tuple[np.ndarray, Outcome]], n: int, k: np.ndarray) -> Outcome:
+    """One outcome from replicas' (their requests, their outcome), in engine time."""
+    first, done = np.empty(n), np.empty(n)
+    replica = np.empty(n, np.int32)
+    for r, (ids, out) in enumerate(parts):
+        first[ids], done[ids], replica[ids] = out.first_token_s, out.done_s, r
+    outs = [out for _, out in parts]
+    runs = [out.runs for out in outs if len(out.runs)]
+    return Outcome(first, done, sum(o.steps for o in outs), sum(o.busy_slot_steps for o in outs),
+                   max(o.max_queue for o in outs), sum(o.preemptions for o in outs),
+                   sum(o.kv_block_steps for o in outs), sum(o.kv_capacity_steps for o in outs),
+                   max((o.kv_peak_use for o in outs if o.kv_capacity_steps), default=float("nan")),
+                   np.concatenate(runs) if runs else outs[0].runs[:0].copy(),
+                   np.concatenate([o.gaps_s for o in outs]), k, replica)
+
+
+def _pool(p: Plan, name: str, replicas: int, arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray,
+          draws: np.ndarray, scratch: Scratch | None, token_1: np.ndarray = np.empty(0), counts_kv: bool = False
+          ) -> Outcome:
+    """``replicas`` replicas of plan ``p`` behind router ``name``, on requests in routing order
+    (``arrival`` non-decreasing); engine times. ``draws``: the random router's replica per request."""
+    n = arrival.size
+    if n == 0:  # every output was one token: the decode pool has nothing to do
+        return Outcome(np.empty(0), np.empty(0), 0, 0, 0, 0, 0, 0, float("nan"), np.empty((0, 4), np.int64),
+                       np.empty(0), p.k, np.empty(0, np.int32))
+    if name in router.STATIC:
+        where = router.assign(name, replicas, draws)
+        parts = []
+        for r in range(replicas):
+            ids = np.flatnonzero(where == r)
+            if not ids.size:
+                continue
+            out = run_engine(p, arrival[ids], prompt[ids], output[ids], scratch, token_1[ids] if token_1.size else token_1)
+            parts.append((ids, dataclasses.replace(out, runs=out.runs.copy())))  # the scratch is reused
+        merged = _merge(parts, n, p.k)
+        merged.replica[:] = where
+        return merged
+    blocks = p.blocks if p.blocks >= 0 or not counts_kv else 1 << 50  # least_kv counts blocks of any cache
+    first, done = np.empty(n), np.empty(n)
+    replica = np.empty(n, np.int64)
+    room = (ROOM_PER_REQUEST * n + 64, n // 8 + 64)
+    while True:
+        runs = np.empty((room[0], 4), np.int64)
+        gaps = np.empty(room[1])
+        steps, busy, queue, preemptions, kv_sum, kv_peak, nruns, ngaps = coupled(
+            arrival, prompt, output, replicas, router.CODES[name], draws.astype(np.int64), p.limit, p.k, p.budget,
+            blocks, p.block_tokens, p.reserve, p.prefix_blocks, p.max_output, token_1, first, done, replica, runs, gaps)
+        if nruns <= len(runs) and ngaps <= len(gaps):
+            break
+        room = (max(nruns, room[0]), max(ngaps, room[1]))
+    limited = p.blocks >= 0
+    return Outcome(first, done, int(steps), int(busy), int(queue), int(preemptions), int(kv_sum) if limited else 0,
+                   p.blocks * int(steps) if limited else 0, peak_use(int(kv_peak), p.blocks) if limited else float("nan"),
+                   runs[:nruns], gaps[:ngaps], p.k, replica.astype(np.int32))
+
+
+def _longest_output(config: Config, traffic: Traffic) -> int | None:
+    return int(traffic.output_tokens.max()) if config.workload.trace is not None else None
+
+
+def run(config: Config, traffic: Traffic, scratch: Scratch | None = None) -> Outcome:
+    """Simulate ``traffic`` on the fleet ``config`` describes (client times). With ``scratch``,
+    the outcome's step runs may live in it: valid until the next run that uses it."""
+    f = config.fleet
+    n = len(traffic)
+    api = config.calibration.api_overhead_ms / 1000
+    disaggregated = pools.disaggregated(config)
+    plan = Plan.of(config, _longest_output(config, traffic), prefix=not disaggregated)
+    if f.replicas == 1 and not disaggregated:
+        return run_one(config, traffic, plan, scratch)  # the single engine, to the bit
+    least_kv = f.router == "least_kv"
+    arrival, prompt, output = traffic.arrival_s, traffic.prompt_tokens, traffic.output_tokens
+    draws = routes(config.workload, n, f.replicas, 0) if f.router == "random" else np.empty(n, np.int64)
+    if not disaggregated:
+        return with_api(_pool(plan, f.router, f.replicas, arrival, prompt, output, draws, scratch, counts_kv=least_kv),
+                        api)
+    # the prefill pool: every prompt as a one-token request
+    prefill = Plan.of(pools.prefill_config(config), 1)
+    pre_draws = routes(config.workload, n, f.prefill_replicas, 1) if f.router == "random" else draws
+    pre = _pool(prefill, f.router, f.prefill_replicas, arrival, prompt, np.ones(n, np.int64), pre_draws, scratch,
+                counts_kv=least_kv)
+    ended = pre.done_s  # the end of each prompt's step: its first token (engine time)
+    sent = output > 1
+    reached = link.kv_arrivals(config, ended, prompt, sent, pre.replica)
+    ids = np.flatnonzero(sent)
+    ids = ids[np.lexsort((ids, reached[ids]))]  # the decode pool's order: by KV arrival, ties by index
+    dec = _pool(plan, f.router, f.replicas, reached[ids], prompt[ids], output[ids], draws[ids], scratch,
+                token_1=ended[ids], counts_kv=least_kv)
+    done = ended.copy()
+    done[ids] = dec.done_s
+    replica = np.full(n, -1, np.int32)
+    replica[ids] = dec.replica
+    assert not len(pre.runs), "a prefill replica never decodes"
+    both = (pre, dec)
+    out = Outcome(ended, done, pre.steps + dec.steps, pre.busy_slot_steps + dec.busy_slot_steps,
+                  max(pre.max_queue, dec.max_queue), pre.preemptions + dec.preemptions,
+                  pre.kv_block_steps + dec.kv_block_steps, pre.kv_capacity_steps + dec.kv_capacity_steps,
+                  max((o.kv_peak_use for o in both if o.kv_capacity_steps), default=float("nan")), dec.runs,
+                  np.concatenate([pre.gaps_s, dec.gaps_s]), dec.k, replica, pre.replica)
+    return with_api(out, api)

@@ -1,0 +1,187 @@
+"""Step-loop kernels of one engine, and the registry that picks one per policy.
+
+The driver here validates nothing (the config was checked), folds the config into a :class:`Plan`
+of plain numbers once, allocates the outputs and calls one kernel: the lesson's (:mod:`.lesson`)
+when every serving-model addition is off, else the serving model's (:mod:`.serving`,
+:mod:`.serving_batched`). Kernels work in engine time; the client's API overhead is added once,
+by :func:`run` (or the fleet's driver), to every request's times.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from ...model import cost
+from ...model.schema import POLICIES as POLICY_NAMES
+from ...model.schema import Config
+from . import lesson, serving, serving_batched
+from ._calendar import COMPACT_RUN, FULL_COLUMNS, RING_MAX
+
+__all__ = ["POLICIES", "RING_MAX", "Outcome", "Plan", "Scratch", "run", "run_engine", "with_api"]
+
+UNLIMITED_BUDGET = 1 << 62
+RUNS_PER_REQUEST = 3  # room for step runs; measured 0.9 to 2.8 a request (lesson, rates 8 and 40)
+NO_TOKEN_1 = np.empty(0)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A config folded into what the kernels take."""
+
+    lesson: bool  # every serving-model addition off
+    policy: str
+    limit: int
+    window_s: float  # dynamic batching (inf for static)
+    k: np.ndarray  # step-time coefficients (:func:`fastsim.model.cost.coefficients`)
+    budget: int
+    blocks: int  # -1: unlimited
+    block_tokens: int
+    reserve: bool
+    prefix_blocks: int
+    max_output: int
+    api_s: float
+
+    @classmethod
+    def of(cls, config: Config, max_output: int | None = None, prefix: bool = True) -> Plan:
+        """``max_output``: the longest output (default: the workload distribution's; a trace's
+        comes from its requests). ``prefix``: whether the shared prefix is pinned (not on a
+        decode replica, whose prompts arrive whole)."""
+        e = config.engine
+        blocks = cost.kv_blocks(config)
+        k = cost.coefficients(config)
+        return cls(
+            lesson=cost.is_lesson(config, k),
+            policy=e.policy,
+            limit=e.limit,
+            window_s=e.window_ms / 1000 if e.policy == "dynamic" else np.inf,
+            k=k,
+            budget=UNLIMITED_BUDGET if e.max_batched_tokens is None else e.max_batched_tokens,
+            blocks=-1 if blocks is None else blocks,
+            block_tokens=e.block_tokens,
+            reserve=e.kv_alloc == "reserve",
+            prefix_blocks=cost.prefix_blocks(config) if prefix else 0,
+            max_output=config.workload.max_output if max_output is None else max_output,
+            api_s=config.calibration.api_overhead_ms / 1000,
+        )
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What simulating a scenario produces: per-request times and the counters metrics need.
+    One engine's, or a fleet's pooled over its replicas (sums; ``max_queue`` and
+    ``kv_peak_use`` the largest of any replica)."""
+
+    first_token_s: np.ndarray  # float64 (n,)
+    done_s: np.ndarray  # float64 (n,)
+    steps: int
+    busy_slot_steps: int
+    max_queue: int
+    preemptions: int
+    kv_block_steps: int  # sum over steps of the KV blocks in use (replicas with a limited cache)
+    kv_capacity_steps: int  # sum over steps of the blocks those caches hold
+    kv_peak_use: float  # blocks in use / blocks, peak (NaN: no limited cache)
+    runs: np.ndarray  # step runs, for inter-token latencies: int64 (r, 4), or COMPACT_RUN (r,) (see ._calendar)
+    gaps_s: np.ndarray  # float64: inter-token gaps of requests that skipped steps
+    k: np.ndarray  # the step-time coefficients the runs' durations come from
+    replica: np.ndarray | None = None  # int32 (n,): the (decode) replica that served each request
+    prefill_replica: np.ndarray | None = None  # int32 (n,): the prefill replica, or -1 (disaggregated)
+
+
+def _continuous(p: Plan, arrival, prompt, output, first_token, done, runs, gaps, token_1) -> tuple:
+    if p.lesson and not token_1.size:
+        steps, busy, queue, nruns = lesson.continuous(arrival, prompt, output, p.limit, p.k[1], p.k[2], first_token,
+                                                      done, runs)
+        return steps, busy, queue, 0, 0, 0, nruns, 0
+    return serving.continuous(arrival, prompt, output, p.limit, p.k, p.budget, p.blocks, p.block_tokens, p.reserve,
+                              p.prefix_blocks, p.max_output, token_1, first_token, done, runs, gaps)
+
+
+def _batched(p: Plan, arrival, prompt, output, first_token, done, runs, gaps, token_1) -> tuple:
+    if p.lesson:
+        steps, busy, queue, nruns = lesson.batched(arrival, prompt, output, p.limit, p.window_s, p.k[1], p.k[2],
+                                                   first_token, done, runs)
+        return steps, busy, queue, 0, 0, 0, nruns, 0
+    steps, busy, queue, kv_sum, kv_peak, nruns = serving_batched.batched(
+        arrival, prompt, output, p.limit, p.window_s, p.k, p.blocks, p.block_tokens, p.prefix_blocks, p.max_output,
+        first_token, done, runs,
+    )
+    return steps, busy, queue, 0, kv_sum, kv_peak, nruns, 0
+
+
+POLICIES: dict[str, Callable] = {
+    "static": _batched,  # window = inf
+    "dynamic": _batched,
+    "continuous": _continuous,
+}
+"""Policy name (:data:`fastsim.model.schema.POLICIES`) -> kernel runner."""
+assert tuple(POLICIES) == POLICY_NAMES
+
+
+class Scratch:
+    """Room for a kernel's step runs, kept between runs by a caller that uses each Outcome before
+    the next run (as :func:`fastsim.simulate` does): a fresh buffer's first touch costs 10-20 ms
+    per million requests, as much as a fifth of the kernel. Grows as needed."""
+
+    def __init__(self) -> None:
+        self.buffer = np.empty(0, np.int64)
+
+    def take(self, rows: int, compact: bool) -> np.ndarray:
+        """Room for ``rows`` runs in the compact or the full layout."""
+        size = rows * (COMPACT_RUN.itemsize // 8 if compact else FULL_COLUMNS)
+        if self.buffer.size < size or self.buffer.size > 8 * size + (1 << 22):  # grow, or let a huge one go
+            self.buffer = np.empty(size, np.int64)
+        room = self.buffer[:size]
+        return room.view(COMPACT_RUN) if compact else room.reshape(rows, FULL_COLUMNS)
+
+
+def peak_use(peak_blocks: int, blocks: int) -> float:
+    return peak_blocks / blocks if blocks > 0 else float("nan")
+
+
+def run_engine(p: Plan, arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray, scratch: Scratch | None = None,
+               token_1: np.ndarray = NO_TOKEN_1) -> Outcome:
+    """One engine on these requests (arrival-sorted), in engine time (no API overhead).
+    ``token_1``: a decode replica's requests, each with its first token's time (see
+    :func:`.serving.continuous`). With ``scratch``, the Outcome's step runs live in it: valid
+    until the next run that uses the same scratch."""
+    n = arrival.size
+    first_token = np.empty(n)
+    done = np.empty(n)
+    room = (RUNS_PER_REQUEST * n + 64, n // 8 + 64)
+    kernel = POLICIES[p.policy]
+    compact = p.lesson and not token_1.size
+    while True:
+        runs = (Scratch() if scratch is None else scratch).take(room[0], compact)
+        gaps = np.empty(room[1])
+        steps, busy, queue, preemptions, kv_sum, kv_peak, nruns, ngaps = kernel(
+            p, arrival, prompt, output, first_token, done, runs, gaps, token_1
+        )
+        if nruns <= len(runs) and ngaps <= len(gaps):
+            break
+        room = (max(nruns, room[0]), max(ngaps, room[1]))  # rare: run again with room for every record
+    limited = p.blocks >= 0
+    return Outcome(first_token, done, int(steps), int(busy), int(queue), int(preemptions), int(kv_sum) if limited else 0,
+                   p.blocks * int(steps) if limited else 0, peak_use(int(kv_peak), p.blocks), runs[:nruns],
+                   gaps[:ngaps], p.k)
+
+
+def with_api(out: Outcome, api_s: float) -> Outcome:
+    """``out`` as the client sees it: ``api_s`` added to every first and last token's time."""
+    if api_s:
+        np.add(out.first_token_s, api_s, out=out.first_token_s)
+        np.add(out.done_s, api_s, out=out.done_s)
+    return out
+
+
+def run(config: Config, traffic, plan: Plan | None = None, scratch: Scratch | None = None) -> Outcome:
+    """Simulate ``traffic`` on the one engine ``config`` describes (client times)."""
+    p = Plan.of(config, _longest_output(config, traffic)) if plan is None else plan
+    return with_api(run_engine(p, traffic.arrival_s, traffic.prompt_tokens, traffic.output_tokens, scratch), p.api_s)
+
+
+def _longest_output(config: Config, traffic) -> int | None:
+    """A trace's longest output (a distribution's is in the config)."""
+    return int(traffic.output_tokens.max()) if config.workload.trace is not None else None

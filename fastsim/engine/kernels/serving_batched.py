@@ -1,0 +1,138 @@
+"""The serving model's static and dynamic batching kernel (DESIGN.md): the lesson's batch rules
+with prefill compute, reservations against a KV cache, a shared prefix and the serving step
+cost. Only used when a serving-model addition is on (else :mod:`.lesson` runs).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..._jit import jit
+from ...model.cost import step_time
+from ._calendar import RING_MAX, due_now, file, record
+from ._running import cdiv
+
+
+@jit
+def batched(arrival, prompt, output, limit, window, k, blocks, bt, pb, o_max, first_token, done, runs):
+    """Static (``window`` = inf) and dynamic batching in the serving model.
+
+    A batch takes whole prompts in its first step (no budget), then one token per row per step;
+    finished rows stay as padding (one token's compute, their whole KV read) until the batch
+    ends. With a KV limit (``blocks`` >= 0) a batch takes the longest run of queue-head requests
+    whose reservations (ceil((prompt + o_max) / bt) - pb blocks each) fit, and a batch that
+    memory stops from growing counts as full. Parameters as :func:`.serving.continuous`.
+
+    Returns
+    -------
+    (steps, busy slot-steps, max_queue, sum over steps of KV blocks in use, peak, number of runs)
+    """
+    n = arrival.size
+    cached = pb * bt
+    ring = min(output.max() + 1, RING_MAX)
+    wraps = output.max() >= ring
+    bucket = np.full(ring, -1, np.int64)
+    link = np.empty(n, np.int64)
+    due = np.empty(n, np.int64)
+    cursor = 0
+    now = 0.0
+    head = 0
+    qhead = 0
+    active = 0  # unfinished rows of the running batch; 0 means no batch
+    rows = 0
+    batch_lo = 0
+    batch_start = 0
+    used = pb
+    ctx = 0
+    steps = 0
+    busy = 0
+    max_queue = 0
+    kv_sum = 0
+    kv_peak = 0
+    nruns = 0
+    while qhead < n or active > 0:
+        while head < n and arrival[head] <= now:
+            head += 1
+        waiting = head - qhead
+        if active == 0 and waiting > 0:
+            fit = waiting
+            if blocks >= 0:
+                fit = 0
+                room = blocks - pb
+                while fit < waiting and fit < limit:
+                    need = cdiv(prompt[qhead + fit] + o_max, bt) - pb
+                    if need > room:
+                        break
+                    room -= need
+                    fit += 1
+            take = min(limit, waiting, fit)
+            full = waiting >= limit or fit < min(limit, waiting)
+            if full or head == n or now >= arrival[qhead] + window:
+                ctx = 0
+                for i in range(qhead, qhead + take):
+                    file(bucket, link, due, cursor, steps, i, output[i])
+                    ctx += prompt[i]
+                if blocks >= 0:  # the prefix's blocks and every row's reservation
+                    used = pb
+                    for i in range(qhead, qhead + take):
+                        used += cdiv(prompt[i] + o_max, bt) - pb
+                batch_lo = qhead
+                batch_start = steps
+                qhead += take
+                active = take
+                rows = take
+        max_queue = max(max_queue, head - qhead)
+        if active == 0:  # idle: jump to the next arrival or the head's window expiry
+            nxt = arrival[head] if head < n else np.inf
+            if qhead < head:
+                nxt = min(nxt, arrival[qhead] + window)
+            now = max(now, nxt)
+            continue
+        first_step = steps == batch_start
+        if first_step:
+            n_tok = 0
+            pairs = 0
+            for i in range(batch_lo, qhead):
+                t = prompt[i] - cached
+                n_tok += t
+                pairs += t * (2 * cached + t + 1) // 2
+        else:
+            n_tok = rows
+            pairs = ctx
+        if blocks >= 0:
+            kv_sum += used
+            kv_peak = max(kv_peak, used)
+        d = step_time(k, n_tok, ctx, pairs)
+        nruns = record(runs, nruns, n_tok, ctx, pairs, 1, 0 if first_step else active)
+        now += d
+        steps += 1
+        ctx += active
+        busy += active
+        if first_step:
+            for i in range(batch_lo, qhead):
+                first_token[i] = now
+        cursor = cursor + 1 if cursor + 1 < ring else 0
+        i = due_now(bucket, link, due, cursor, steps, wraps)
+        while i >= 0:
+            done[i] = now
+            active -= 1
+            i = link[i]
+        if active > 0:  # nobody is admitted while a batch runs: bare steps until a completion
+            ctx0, steps0 = ctx, steps
+            while True:
+                while head < n and arrival[head] <= now:
+                    head += 1
+                nxt = cursor + 1 if cursor + 1 < ring else 0
+                if bucket[nxt] >= 0:
+                    break
+                now += step_time(k, rows, ctx, ctx)
+                steps += 1
+                ctx += active
+                busy += active
+                cursor = nxt
+            m = steps - steps0
+            if blocks >= 0:
+                kv_sum += used * m
+            if m > 0:
+                nruns = record(runs, nruns, rows, ctx0, ctx0, m, active)
+    return steps, busy, max_queue, kv_sum, kv_peak, nruns

@@ -1,0 +1,49 @@
+"""Routers: which replica of a pool each request goes to (DESIGN.md, "The fleet model").
+
+Requests are routed in the pool's order (arrival order; for a decode pool, KV-arrival order).
+``round_robin`` and ``random`` decide from the request alone, so their replicas can run apart
+(:func:`assign`); ``least_outstanding`` and ``least_kv`` look at the replicas' state at the
+request's instant, so the pool kernel advances every replica to it first and asks
+:func:`choose`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .._jit import inline
+from ..model.schema import ROUTERS
+
+ROUND_ROBIN, RANDOM, LEAST_OUTSTANDING, LEAST_KV = range(4)
+CODES = {"round_robin": ROUND_ROBIN, "random": RANDOM, "least_outstanding": LEAST_OUTSTANDING, "least_kv": LEAST_KV}
+"""Router name (:data:`fastsim.model.schema.ROUTERS`) -> the code the pool kernel takes."""
+assert tuple(CODES) == ROUTERS
+
+STATIC = frozenset({"round_robin", "random"})  # decide without looking at the replicas
+
+
+def assign(router: str, replicas: int, routes: np.ndarray) -> np.ndarray:
+    """The replica of each request (in the pool's order) under a static router; ``routes``:
+    the random router's draws, a uniform replica per request."""
+    if router == "random":
+        return routes.astype(np.int64)
+    return np.arange(routes.size, dtype=np.int64) % replicas
+
+
+@inline
+def choose(code, j, routes, outstanding, used):
+    """The replica for the pool's ``j``-th request: by the router ``code``, from each replica's
+    ``outstanding`` requests (routed to it, not yet done) and KV blocks ``used``, ties to the
+    lowest index."""
+    if code == ROUND_ROBIN:
+        return j % outstanding.size
+    if code == RANDOM:
+        return routes[j]
+    best = 0
+    for r in range(1, outstanding.size):
+        if code == LEAST_KV:
+            if used[r] < used[best] or (used[r] == used[best] and outstanding[r] < outstanding[best]):
+                best = r
+        elif outstanding[r] < outstanding[best]:
+            best = r
+    return best

@@ -1,0 +1,120 @@
+"""Traffic generation: the one place where randomness is drawn (or a recorded trace replayed).
+
+A :class:`Traffic` is struct-of-arrays request state (arrival time, prompt and output lengths),
+sorted by arrival. Sources:
+
+- ``rng: stdlib`` draws per request ``expovariate(rate)`` then ``gauss(mu, sigma)`` from
+  ``random.Random(seed)``, accumulating arrivals in milliseconds, which reproduces the lesson's
+  stream exactly (Poisson arrivals, fixed prompts, its output lengths). It draws the normal even
+  for ``dist: fixed``, so the arrivals never shift. A Python loop: fine for thousands.
+- ``rng: numpy`` draws vectorised from ``numpy.random.Generator``, from three independent child
+  streams of ``SeedSequence(seed)``: arrivals (exponential or gamma gaps, or none for constant
+  arrivals), output lengths, prompt lengths. So the same seed gives the same underlying numbers
+  at every rate, length distribution or request count (common random numbers for paired
+  comparisons), and changing one distribution never moves another.
+- the random router's choices (:func:`routes`) come from two more child streams of the same
+  seed, one per pool.
+- ``trace``: the first n_requests of a recorded trace (:mod:`fastsim.engine.trace`), its arrival times
+  rescaled to ``rate`` unless that is null.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from ..model.schema import Workload
+
+
+@dataclass(frozen=True)
+class Traffic:
+    arrival_s: np.ndarray  # float64 (n,), non-decreasing, seconds from t=0
+    prompt_tokens: np.ndarray  # int64 (n,)
+    output_tokens: np.ndarray  # int64 (n,), >= 1
+
+    def __len__(self) -> int:
+        return self.arrival_s.size
+
+
+def generate(w: Workload) -> Traffic:
+    """Draw (or replay) the requests the workload section describes."""
+    if w.trace is not None:
+        from . import trace
+
+        recorded, n = trace.requests(w)
+        return Traffic(trace.arrivals(recorded, n, w.rate), recorded.prompt_tokens[:n].copy(),
+                       recorded.output_tokens[:n].copy())
+    if w.rng == "stdlib":  # the lesson's stream: fixed prompts, lognormal or fixed outputs
+        arrival, normal = _stdlib_draws(w)
+        output = _from_normal(w.output, normal) if w.output.dist == "lognormal" else _fixed(w.output, w.n_requests)
+        return Traffic(arrival, _fixed(w.prompt, w.n_requests), output)
+    root = np.random.SeedSequence(w.seed)
+    return Traffic(_numpy_arrivals(w, _child(root, 0)), _numpy_lengths(w.prompt, w.n_requests, _child(root, 2)),
+                   _numpy_lengths(w.output, w.n_requests, _child(root, 1)))
+
+
+def routes(w: Workload, n: int, replicas: int, pool: int) -> np.ndarray:
+    """The random router's replica for each of ``n`` requests: uniform over ``replicas``, from
+    the workload seed's own stream for ``pool`` (0: the replicas, 1: a prefill pool), so that
+    arrivals and lengths stay those of every other router."""
+    rng = np.random.default_rng(_child(np.random.SeedSequence(w.seed), 3 + pool)())
+    return rng.integers(0, replicas, n, dtype=np.int64)
+
+
+def _child(root: np.random.SeedSequence, i: int) -> Callable[[], np.random.SeedSequence]:
+    """The ``i``-th child stream of ``root`` (as ``root.spawn`` makes it), made only when drawn from."""
+    return lambda: np.random.SeedSequence(root.entropy, spawn_key=(*root.spawn_key, i), pool_size=root.pool_size)
+
+
+def _fixed(lengths, n: int) -> np.ndarray:
+    return np.full(n, lengths.value, dtype=np.int64)
+
+
+def _from_normal(lengths, normal: np.ndarray) -> np.ndarray:
+    """int(exp(normal)) clamped to min..max; ``normal`` already has the distribution's mu and
+    sigma. Clipped in float first, so huge draws cannot overflow int64."""
+    lengths_f = np.exp(normal)
+    np.maximum(lengths_f, lengths.min, out=lengths_f)  # np.clip, without its per-call overhead
+    np.minimum(lengths_f, lengths.max, out=lengths_f)
+    return lengths_f.astype(np.int64)
+
+
+def _numpy_lengths(lengths, n: int, seed: Callable[[], np.random.SeedSequence]) -> np.ndarray:
+    if lengths.dist == "fixed":
+        return _fixed(lengths, n)
+    rng = np.random.default_rng(seed())
+    if lengths.dist == "uniform":
+        return rng.integers(lengths.min, lengths.max, n, endpoint=True, dtype=np.int64)
+    normal = rng.standard_normal(n)
+    normal *= lengths.sigma
+    normal += lengths.mu
+    return _from_normal(lengths, normal)
+
+
+def _numpy_arrivals(w: Workload, seed: Callable[[], np.random.SeedSequence]) -> np.ndarray:
+    if w.arrival == "constant":
+        return np.arange(1, w.n_requests + 1) / w.rate
+    rng = np.random.default_rng(seed())
+    if w.arrival == "gamma":  # mean 1/rate, coefficient of variation 1/sqrt(burstiness)
+        gaps = rng.standard_gamma(w.burstiness, w.n_requests)
+        gaps /= w.burstiness * w.rate
+    else:
+        gaps = rng.standard_exponential(w.n_requests)
+        gaps /= w.rate
+    return np.cumsum(gaps)
+
+
+def _stdlib_draws(w: Workload) -> tuple[np.ndarray, np.ndarray]:
+    rng = random.Random(w.seed)
+    o = w.output
+    arrival_ms = np.empty(w.n_requests)
+    normal = np.empty(w.n_requests)
+    t = 0.0
+    for i in range(w.n_requests):
+        t += rng.expovariate(w.rate) * 1000
+        arrival_ms[i] = t
+        normal[i] = rng.gauss(o.mu, o.sigma)
+    return arrival_ms / 1000, normal

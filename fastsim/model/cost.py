@@ -1,0 +1,90 @@
+"""The cost model: what one engine step takes and how much KV cache an engine has.
+
+Step time over the rows a step schedules (row i has ``c_i`` tokens computed before the step and
+gets ``n_i`` more): N = sum n_i tokens computed, C = sum (c_i + n_i) KV tokens read,
+A = sum n_i (2 c_i + n_i + 1) / 2 query-key pairs of attention, and
+
+    step = overhead + max(t_weights + t_kv C,  t_token N + t_pair A) + (t_link + t_link_token N)
+
+the roofline of memory (weights and KV read) against compute (2 FLOPs per parameter per token,
+4 attn_dim FLOPs per query-key pair per layer), plus two all-reduces per layer under tensor
+parallelism. The coefficients are folded once per run (:func:`coefficients`); the lesson's
+model is every coefficient zero but the first two, and then a step costs exactly
+``t_weights + t_kv C``, the same floating-point operations as the lesson.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .._jit import inline
+from .schema import Config
+
+# Indices into the coefficient vector a kernel gets.
+OVERHEAD, T_WEIGHTS, T_KV, T_TOKEN, T_PAIR, T_LINK, T_LINK_TOKEN = range(7)
+
+
+def coefficients(config: Config) -> np.ndarray:
+    """The step-time coefficients of ``config`` (seconds, per token or per pair), float64 (7,)."""
+    hw, m, e, cal = config.hardware, config.model, config.engine, config.calibration
+    bandwidth = hw.mem_bandwidth_tb_s * 1e12 * cal.bandwidth_efficiency * e.tp  # bytes/s, all GPUs
+    k = np.zeros(7)
+    k[OVERHEAD] = cal.step_overhead_ms / 1e3
+    k[T_WEIGHTS] = m.weight_gb * 1e9 / bandwidth
+    k[T_KV] = m.kv_bytes_per_token / bandwidth
+    if hw.peak_tflops is not None and m.params_b is not None:
+        flops = hw.peak_tflops * 1e12 * cal.compute_efficiency * e.tp  # FLOP/s, all GPUs
+        k[T_TOKEN] = 2e9 * m.params_b / flops
+        if m.n_layers is not None and m.attn_dim is not None:
+            k[T_PAIR] = 4 * m.n_layers * m.attn_dim / flops
+    if e.tp > 1:  # two all-reduces per layer of N x hidden BF16 values (ring: 2 (tp-1)/tp of it moves)
+        k[T_LINK] = 2 * m.n_layers * hw.link_latency_us * 1e-6
+        k[T_LINK_TOKEN] = 2 * m.n_layers * 2 * (e.tp - 1) / e.tp * m.hidden * 2 / (hw.link_gb_s * 1e9)
+    return k
+
+
+@inline
+def step_time(k, n_tokens, kv_tokens, pairs):
+    """Seconds one step takes (see the module docstring); ``k`` from :func:`coefficients`."""
+    memory = k[1] + k[2] * kv_tokens
+    compute = k[3] * n_tokens + k[4] * pairs
+    return k[0] + max(memory, compute) + (k[5] + k[6] * n_tokens)
+
+
+def is_lesson(config: Config, k: np.ndarray | None = None) -> bool:
+    """True when every serving-model addition is off: the lesson's kernels run it exactly.
+    ``k``: the config's coefficients, when already folded."""
+    k = coefficients(config) if k is None else k
+    return (
+        not k[[OVERHEAD, T_TOKEN, T_PAIR, T_LINK, T_LINK_TOKEN]].any()
+        and kv_blocks(config) is None
+        and config.engine.max_batched_tokens is None
+        and config.workload.prefix_tokens == 0
+        and config.calibration.api_overhead_ms == 0
+    )
+
+
+def kv_capacity_gb(config: Config) -> float | None:
+    """GB of KV cache across the tensor-parallel group; None: unlimited."""
+    hw, m, e = config.hardware, config.model, config.engine
+    if e.kv_cache_gb is not None:
+        return e.kv_cache_gb
+    if hw.mem_gb is None:
+        return None
+    return e.tp * (hw.mem_gb * e.gpu_memory_utilization - e.reserved_gb) - m.weight_gb
+
+
+def kv_blocks(config: Config) -> int | None:
+    """Blocks of ``engine.block_tokens`` tokens the KV cache holds; None: unlimited."""
+    capacity = kv_capacity_gb(config)
+    per_block = config.engine.block_tokens * config.model.kv_bytes_per_token
+    if capacity is None or per_block == 0:
+        return None
+    return max(0, math.floor(capacity * 1e9 / per_block))
+
+
+def prefix_blocks(config: Config) -> int:
+    """Blocks the shared prefix pins (whole blocks only: a warm prefix cache)."""
+    return config.workload.prefix_tokens // config.engine.block_tokens

@@ -1,0 +1,45 @@
+"""The fleet's pools as configs and formulas: what a prefill replica runs, how many GPUs a fleet
+takes and what they cost per hour (DESIGN.md, "The fleet model")."""
+
+from __future__ import annotations
+
+import math
+
+from .schema import Config, Hardware
+
+
+def disaggregated(config: Config) -> bool:
+    """True when a prefill pool serves the prompts and the replicas only decode."""
+    return config.fleet.prefill_replicas > 0
+
+
+def prefill_config(config: Config) -> Config:
+    """The scenario one prefill replica runs: ``fleet.prefill_hardware`` (a preset; default the
+    config's hardware), ``fleet.prefill_tp`` and ``fleet.prefill_max_batched_tokens`` (default
+    the engine's); everything else as the config."""
+    f, e = config.fleet, config.engine
+    hardware = config.hardware if f.prefill_hardware is None else Hardware.model_validate({"preset": f.prefill_hardware})
+    engine = e.model_copy(update={
+        "tp": e.tp if f.prefill_tp is None else f.prefill_tp,
+        "max_batched_tokens": e.max_batched_tokens if f.prefill_max_batched_tokens is None else f.prefill_max_batched_tokens,
+    })
+    return config.model_copy(update={"hardware": hardware, "engine": engine})
+
+
+def gpus(config: Config) -> int:
+    """GPUs of the whole fleet: replicas x engine.tp, plus prefill replicas x their tp."""
+    f = config.fleet
+    prefill = f.prefill_replicas * prefill_config(config).engine.tp if f.prefill_replicas else 0
+    return f.replicas * config.engine.tp + prefill
+
+
+def usd_per_hour(config: Config) -> float:
+    """What the fleet's GPUs cost per hour on demand (each pool at its hardware's price); NaN
+    where a price is unknown."""
+    f = config.fleet
+
+    def price(c: Config, replicas: int) -> float:
+        each = c.hardware.usd_per_gpu_hour
+        return 0.0 if replicas == 0 else (math.nan if each is None else replicas * c.engine.tp * each)
+
+    return price(config, f.replicas) + (price(prefill_config(config), f.prefill_replicas) if f.prefill_replicas else 0.0)

@@ -1,0 +1,114 @@
+"""Reading configs: YAML files (following ``extends:``), ``--set`` overrides, trace paths made
+absolute relative to the file that names them. What it reads is validated by the schema
+(:mod:`.schema`), field by field."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .schema import Config, ConfigError, set_dotted, validate
+
+
+class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # libyaml's parser when present
+    """YAML as people write numbers: ``1e3``, ``2.5e-3`` and ``1E6`` are floats (YAML 1.1, and
+    so PyYAML, reads an exponent without a dot and a sign as a string)."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """Split ``dotted.key=value``; the value is read as a YAML scalar (number, string, null...)."""
+    key, sep, value = text.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(f"--set {text!r}: expected dotted.key=value")
+    try:
+        return key, yaml.load(value, Loader=_Loader)
+    except yaml.YAMLError:
+        raise ConfigError(f"{key}: cannot read value {value!r}") from None
+
+
+def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
+    path = path.resolve()
+    if path in seen:
+        raise ConfigError(f"extends: {path} includes itself")
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such config file") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
+    try:
+        raw = yaml.load(text, Loader=_Loader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{path}:{where}: YAML syntax error: {problem}") from None
+    raw = {} if raw is None else raw
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping of sections, got {type(raw).__name__}")
+    _traces_relative_to(path, raw)
+    parent = raw.pop("extends", None)
+    if parent is None:
+        return raw
+    if not isinstance(parent, str):
+        raise ConfigError(f"extends: expected a path to a config file (got {parent!r})")
+    base = _read_yaml(path.parent / parent, (*seen, path))
+    sweep = raw.pop("sweep", None)
+    _merge(base, raw)
+    if sweep is not None:  # a study's grid replaces its base's grid
+        base["sweep"] = sweep
+    return base
+
+
+def _traces_relative_to(path: Path, raw: dict) -> None:
+    """Make the trace paths ``raw`` (the YAML of ``path``) names absolute, as relative to ``path``:
+    ``workload.trace``, and the values of a ``workload.trace`` sweep axis."""
+    workload, sweep = raw.get("workload"), raw.get("sweep")
+    if isinstance(workload, dict) and isinstance(workload.get("trace"), str):
+        workload["trace"] = path_relative_to(path, workload["trace"])
+    if isinstance(sweep, dict) and isinstance(sweep.get("workload.trace"), list):
+        sweep["workload.trace"] = [path_relative_to(path, t) if isinstance(t, str) else t
+                                   for t in sweep["workload.trace"]]
+
+
+def path_relative_to(config_file: Path, trace: str) -> str:
+    """A trace path as written in ``config_file``, made absolute."""
+    p = Path(trace).expanduser()
+    return str(p if p.is_absolute() else (config_file.parent / p).resolve())
+
+
+def _merge(base: dict, over: dict) -> None:
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            _merge(base[key], value)
+        else:
+            base[key] = value
+
+
+def read_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Config:
+    """Read a YAML config (following ``extends:``), apply dotted-key ``overrides``, validate
+    each field (:func:`fastsim.load_config` also checks that the scenario can run).
+
+    An override key ``sweep.<dotted.key>`` sets one sweep axis.
+    """
+    raw = _read_yaml(Path(path))
+    for key, value in (overrides or {}).items():
+        if key.startswith("sweep."):
+            raw.setdefault("sweep", {})
+            if not isinstance(raw["sweep"], dict):
+                raise ConfigError("sweep: expected a mapping of dotted keys to lists")
+            raw["sweep"][key.removeprefix("sweep.")] = value
+        else:
+            set_dotted(raw, key, value)
+    return validate(raw)

@@ -1,0 +1,402 @@
+"""The config schema: inert, frozen pydantic models of a scenario, with their defaults.
+
+A config names one scenario (hardware, model, engine, workload, calibration, SLOs, fleet) and
+optionally a ``sweep:`` grid mapping dotted keys to lists of values. Validation here checks each
+field alone (and the few fields a section checks together: presets, min <= max) and never touches
+disk; the checks that span sections live above the schema (:mod:`fastsim.engine.checks`). Every
+problem is raised as :class:`ConfigError`, whose message names the offending key.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Callable, ClassVar, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from .presets import HARDWARE, REGISTRIES
+
+
+class ConfigError(ValueError):
+    """Bad input (a config, override, sweep axis or option); the message names the key."""
+
+
+# The names a config may use; the engine's registries map each to its kernel or router.
+POLICIES = ("static", "dynamic", "continuous")
+ROUTERS = ("round_robin", "random", "least_outstanding", "least_kv")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+_Finite = dict(allow_inf_nan=False)
+
+
+def _integral(value: Any) -> Any:
+    """``1e6`` (a float that is exactly a whole number) becomes ``1000000``; anything else is
+    left for the strict integer check (so ``1.5`` and booleans are still refused)."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+Int = Annotated[int, BeforeValidator(_integral)]
+
+
+class _Preset(_Section):
+    """A section that a named preset (see :mod:`fastsim.presets`) can fill: every field the
+    config does not set explicitly takes the preset's value."""
+
+    section: ClassVar[str]
+    preset: str | None = None
+
+    @field_validator("preset")
+    @classmethod
+    def _known_preset(cls, name: str | None) -> str | None:
+        registry = REGISTRIES[cls.section]
+        if name is not None and name not in registry:
+            raise ValueError(f"unknown {cls.section} preset {name!r} (valid: {', '.join(registry)})")
+        return name
+
+    @model_validator(mode="after")
+    def _fill_from_preset(self) -> _Preset:
+        if self.preset is None:
+            return self
+        for name, value in REGISTRIES[self.section][self.preset].items():
+            if name not in self.model_fields_set:
+                object.__setattr__(self, name, value)  # frozen model: filled once, while validating
+        return self
+
+
+class Hardware(_Preset):
+    section: ClassVar[str] = "hardware"
+    mem_bandwidth_tb_s: float = Field(3.35, gt=0, **_Finite)
+    # None: compute is free (the lesson); else dense BF16 TFLOP/s
+    peak_tflops: float | None = Field(None, gt=0, **_Finite)
+    # None: KV memory is unlimited, unless engine.kv_cache_gb is set
+    mem_gb: float | None = Field(None, gt=0, **_Finite)
+    link_gb_s: float | None = Field(None, gt=0, **_Finite)
+    link_latency_us: float = Field(0.0, ge=0, **_Finite)
+    # on-demand price of one GPU-hour, USD (a preset's, with its source in presets.py); None: unknown
+    usd_per_gpu_hour: float | None = Field(None, ge=0, **_Finite)
+
+
+class Model(_Preset):
+    section: ClassVar[str] = "model"
+    weight_gb: float = Field(15.008, ge=0, **_Finite)
+    kv_bytes_per_token: float = Field(131072.0, ge=0, **_Finite)
+    # None: no compute cost (the lesson)
+    params_b: float | None = Field(None, gt=0, **_Finite)
+    n_layers: Int | None = Field(None, ge=1)
+    attn_dim: Int | None = Field(None, ge=1)
+    hidden: Int | None = Field(None, ge=1)
+
+
+class Engine(_Section):
+    policy: str = "continuous"
+    max_batch: Int = Field(64, ge=1)
+    # None: no cap beyond max_batch.
+    max_concurrent: Int | None = Field(None, ge=1)
+    window_ms: float = Field(50.0, ge=0, **_Finite)
+    # Token budget per step (vLLM's max_num_batched_tokens); None: unlimited (no chunked prefill)
+    max_batched_tokens: Int | None = Field(None, ge=1)
+    tp: Int = Field(1, ge=1)
+    kv_alloc: Literal["paged", "reserve"] = "paged"
+    block_tokens: Int = Field(16, ge=1)
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1, **_Finite)
+    reserved_gb: float = Field(2.0, ge=0, **_Finite)
+    kv_cache_gb: float | None = Field(None, gt=0, **_Finite)
+
+    @field_validator("policy")
+    @classmethod
+    def _known_policy(cls, v: str) -> str:
+        return _one_of(POLICIES, v)
+
+    @property
+    def limit(self) -> int:
+        """Most sequences running at once: min(max_batch, max_concurrent)."""
+        return self.max_batch if self.max_concurrent is None else min(self.max_batch, self.max_concurrent)
+
+
+class _Lengths(_Section):
+    """A token-length distribution: ``fixed`` (``value``), ``lognormal`` (int(exp(N(mu, sigma)))
+    clamped to ``min``..``max``) or ``uniform`` (integers ``min``..``max``)."""
+
+    dist: Literal["fixed", "lognormal", "uniform"]
+
+    @model_validator(mode="after")
+    def _ordered(self) -> _Lengths:
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) must not exceed max ({self.max})")
+        return self
+
+    @property
+    def smallest(self) -> int:
+        return self.value if self.dist == "fixed" else self.min
+
+    @property
+    def largest(self) -> int:
+        return self.value if self.dist == "fixed" else self.max
+
+
+class Prompt(_Lengths):
+    dist: Literal["fixed", "lognormal", "uniform"] = "fixed"
+    value: Int = Field(1000, ge=0)
+    mu: float = Field(6.9, **_Finite)
+    sigma: float = Field(1.0, ge=0, **_Finite)
+    min: Int = Field(1, ge=0)
+    max: Int = Field(8192, ge=0)
+
+
+class Output(_Lengths):
+    dist: Literal["fixed", "lognormal", "uniform"] = "lognormal"
+    mu: float = Field(4.5, **_Finite)
+    sigma: float = Field(1.0, ge=0, **_Finite)
+    min: Int = Field(1, ge=1)
+    max: Int = Field(2000, ge=1)
+    value: Int = Field(148, ge=1)
+
+
+class Workload(_Section):
+    # None: every request of workload.trace
+    n_requests: Int | None = Field(3000, ge=1)
+    # requests per second; with a trace, its arrival times are rescaled to this mean (None: as recorded)
+    rate: float | None = Field(8.0, gt=0, **_Finite)
+    seed: Int = Field(7, ge=0)
+    rng: Literal["stdlib", "numpy"] = "numpy"
+    prompt: Prompt = Prompt()
+    output: Output = Output()
+    prefix_tokens: Int = Field(0, ge=0)
+    # poisson: exponential gaps; gamma: gamma gaps of shape `burstiness` (1 = Poisson, < 1
+    # burstier, > 1 smoother; vLLM bench's --burstiness); constant: every 1/rate, from 1/rate
+    arrival: Literal["poisson", "gamma", "constant"] = "poisson"
+    burstiness: float = Field(1.0, gt=0, **_Finite)
+    # a recorded trace (CSV) replacing arrivals and lengths; a relative path is relative to the
+    # config file that names it
+    trace: str | None = None
+
+    @property
+    def max_output(self) -> int:
+        """The longest output the workload's distribution can produce (not for traces)."""
+        return self.output.largest
+
+
+class Calibration(_Section):
+    compute_efficiency: float = Field(1.0, gt=0, le=1, **_Finite)
+    bandwidth_efficiency: float = Field(1.0, gt=0, le=1, **_Finite)
+    step_overhead_ms: float = Field(0.0, ge=0, **_Finite)
+    api_overhead_ms: float = Field(0.0, ge=0, **_Finite)
+
+
+class Slo(_Section):
+    """Service-level objectives: a request is good when it meets every one that is set (vLLM
+    bench's --goodput rule; TPOT counts as 0 for a one-token output). None: not an objective."""
+
+    ttft_s: float | None = Field(None, gt=0, **_Finite)
+    tpot_s: float | None = Field(None, gt=0, **_Finite)
+    e2e_s: float | None = Field(None, gt=0, **_Finite)
+
+
+class Fleet(_Section):
+    """Replicas behind a router, and an optional prefill pool (DESIGN.md, "The fleet model").
+    None: as the engine (prefill_tp, prefill_max_batched_tokens) or the config's hardware."""
+
+    replicas: Int = Field(1, ge=1)
+    router: str = "round_robin"
+    prefill_replicas: Int = Field(0, ge=0)
+    prefill_tp: Int | None = Field(None, ge=1)
+    prefill_hardware: str | None = None
+    prefill_max_batched_tokens: Int | None = Field(None, ge=1)
+    kv_link_gb_s: float = Field(50.0, gt=0, **_Finite)  # one 400 Gb/s NIC
+    kv_link_latency_ms: float = Field(0.0, ge=0, **_Finite)
+
+    @field_validator("router")
+    @classmethod
+    def _known_router(cls, v: str) -> str:
+        return _one_of(ROUTERS, v)
+
+    @field_validator("prefill_hardware")
+    @classmethod
+    def _known_hardware(cls, name: str | None) -> str | None:
+        if name is not None and name not in HARDWARE:
+            raise ValueError(f"unknown hardware preset {name!r} (valid: {', '.join(HARDWARE)})")
+        return name
+
+
+def _one_of(names: tuple[str, ...], v: Any) -> str:
+    if v not in names:
+        raise ValueError(f"must be one of {', '.join(names)} (got {v!r})")
+    return v
+
+
+class Config(_Section):
+    description: str = ""
+    hardware: Hardware = Hardware()
+    model: Model = Model()
+    engine: Engine = Engine()
+    workload: Workload = Workload()
+    calibration: Calibration = Calibration()
+    slo: Slo = Slo()
+    fleet: Fleet = Fleet()
+    sweep: dict[str, list[Any]] = {}
+
+    @field_validator("sweep")
+    @classmethod
+    def _valid_axes(cls, sweep: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        names: dict[str, str] = {}
+        for key, values in sweep.items():
+            if key not in LEAF_KEYS:
+                raise ValueError(f"{key!r} is not a config key (valid: {', '.join(LEAF_KEYS)})")
+            if not values:
+                raise ValueError(f"axis {key!r} is empty")
+            if len({_hashable(v) for v in values}) != len(values):
+                raise ValueError(f"axis {key!r} repeats a value: {values}")
+            dim = key.rsplit(".", 1)[-1]
+            if dim in names:
+                raise ValueError(f"axes {names[dim]!r} and {key!r} would both be named {dim!r}")
+            names[dim] = key
+        return sweep
+
+    def with_values(self, values: dict[str, Any]) -> Config:
+        """A new config with dotted keys set to ``values`` (validated field by field, as
+        :func:`validate`; the sweep is kept)."""
+        raw = self.model_dump(exclude_unset=True)  # explicit keys only: a new preset fills the rest
+        for key, value in values.items():
+            set_dotted(raw, key, value)
+        return validate(raw)
+
+    def at(self, values: dict[str, Any]) -> Config:
+        """A new config with dotted keys set to ``values`` *without validating them*: for sweep
+        points whose values :func:`section_validator` has already checked and normalised."""
+
+        def put(node: BaseModel, parts: list[str], value: Any) -> BaseModel:
+            child = value if len(parts) == 1 else put(getattr(node, parts[0]), parts[1:], value)
+            return node.model_copy(update={parts[0]: child})
+
+        config = self
+        for key, value in values.items():
+            config = put(config, key.split("."), value)
+        return config
+
+
+def _hashable(v: Any) -> Any:
+    return repr(v) if isinstance(v, (list, dict)) else v
+
+
+def _leaf_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
+    keys = []
+    for name, field in model.model_fields.items():
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            keys += _leaf_keys(ann, f"{prefix}{name}.")
+        elif name not in ("sweep", "description"):
+            keys.append(prefix + name)
+    return keys
+
+
+LEAF_KEYS: tuple[str, ...] = tuple(_leaf_keys(Config))
+"""Every dotted key a scenario has (what ``--set`` and ``sweep:`` accept)."""
+
+
+def get_dotted(node: Any, key: str) -> Any:
+    for part in key.split("."):
+        node = getattr(node, part)
+    return node
+
+
+def coupled_section(key: str) -> str | None:
+    """The outermost section above ``key`` that checks its fields together (has a model
+    validator: a preset, or min <= max), or None. Sweep axes in the same coupled section are
+    validated in combination, and a point takes that section whole from the validated
+    combination; any other axis is validated value by value, so a grid's set-up work grows
+    with its axes' lengths, not with their product."""
+    parts = key.split(".")
+    cls: type[BaseModel] = Config
+    for depth, part in enumerate(parts[:-1]):
+        cls = cls.model_fields[part].annotation
+        if cls.__pydantic_decorators__.model_validators:
+            return ".".join(parts[: depth + 1])
+    return None
+
+
+def section_validator(base: Config, section: str) -> Callable[[dict[str, Any]], BaseModel]:
+    """A function that validates ``base``'s section ``section`` with dotted keys (all under that
+    section) set to given values, alone, and returns it; errors name the full key. The base
+    section is read once, so validating many values costs one pydantic validation each."""
+    node = get_dotted(base, section) if section else base
+    raw, cls = node.model_dump(exclude_unset=True), type(node)
+    skip = len(section) + 1 if section else 0
+
+    def validate_with(values: dict[str, Any]) -> BaseModel:
+        top = dict(raw)
+        for key, value in values.items():
+            *path, leaf = key[skip:].split(".")
+            d = top
+            for part in path:  # copy the nested sections on the way, never the base's
+                d[part] = dict(d[part])
+                d = d[part]
+            d[leaf] = value
+        try:
+            return cls.model_validate(top)
+        except ValidationError as exc:
+            raise _config_error(exc, section) from None
+
+    return validate_with
+
+
+def set_dotted(raw: dict, key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = raw
+    for i, part in enumerate(parts[:-1]):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{'.'.join(parts[: i + 1])}: is a value, not a section (in {key!r})")
+        node = child
+    node[parts[-1]] = value
+
+
+# Keys that were renamed: the error names the new one.
+RENAMED = {
+    "workload.prompt_tokens": "workload.prompt (a length distribution like workload.output: "
+    "dist fixed|lognormal|uniform; e.g. workload.prompt.value: 1000)",
+}
+
+
+def _describe(err: dict) -> str:
+    key = ".".join(str(p) for p in err["loc"])
+    if err["type"] == "extra_forbidden" and key in RENAMED:
+        return f"{key}: replaced by {RENAMED[key]}"
+    if err["type"] == "extra_forbidden":
+        section = ".".join(str(p) for p in err["loc"][:-1])
+        valid = [k for k in (*LEAF_KEYS, "description", "sweep") if k.startswith(section)]
+        return f"{key}: unknown key (valid here: {', '.join(valid)})"
+    msg = err["msg"].removeprefix("Value error, ")
+    got = err.get("input")
+    if err["type"] not in ("value_error", "missing") and not isinstance(got, (dict, list)):
+        msg += f" (got {got!r})"
+    return f"{key or 'config'}: {msg}"
+
+
+def _config_error(exc: ValidationError, section: str = "") -> ConfigError:
+    """One line for pydantic's errors: the first, its key given in full from the config's root."""
+    errors = exc.errors()
+    first = dict(errors[0], loc=(*section.split("."), *errors[0]["loc"])) if section else errors[0]
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return ConfigError(_describe(first) + more)
+
+
+def validate(raw: Any) -> Config:
+    """Validate a plain mapping into a :class:`Config`, field by field; errors name the key.
+    (Whether the scenario can run is :func:`fastsim.engine.checks.check`'s question.)"""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config: expected a mapping of sections, got {type(raw).__name__}")
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as exc:
+        raise _config_error(exc) from None

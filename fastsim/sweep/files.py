@@ -1,0 +1,75 @@
+"""Output files: written whole under a temporary name and renamed into place, with the
+permissions of a normally created file (the umask decides), and locked while a sweep writes them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import secrets
+from pathlib import Path
+from typing import Iterator
+
+from ..model.schema import ConfigError
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """Yield a new, empty temporary file beside ``path`` to write; on success it is renamed to
+    ``path`` (a reader never sees a half-written file), on failure removed.
+
+    The file is created with mode 0666 less the umask, as ``open(path, "w")`` would, not with
+    the 0600 of :func:`tempfile.mkstemp`.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def lock_path(out: Path) -> Path:
+    """The lock a sweep writing ``out`` holds while it runs."""
+    return out.with_name(out.name + ".lock")
+
+
+@contextlib.contextmanager
+def output_lock(out: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``out`` for as long as a sweep writes it (and its checkpoint).
+
+    The lock is ``flock`` on ``<out>.lock``, which holds the owner's pid; the kernel drops it when
+    the owner dies, so a killed sweep never leaves ``out`` locked. A second sweep on the same
+    ``out`` fails at once, naming the owner.
+    """
+    path = lock_path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise ConfigError(
+                f"{out}: another sweep (pid {owner}) is writing this output; wait for it, or stop it"
+            ) from None
+        try:
+            same = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)  # the previous owner removed the file as we opened it: take the new one
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        yield
+    finally:
+        path.unlink(missing_ok=True)  # while still held, so no one locks a file on its way out
+        os.close(fd)

@@ -1,0 +1,187 @@
+"""Labelled output: sweep grids and per-request results as xarray Datasets and netCDF4 files.
+
+One layout (dimensions, coordinates, variables, attributes) describes each output; it becomes an
+xarray Dataset for the Python API, or is written straight to netCDF4 with the netCDF4 library
+(a sweep from the CLI never pays for importing xarray, and Dask with it). Files are written
+whole to a temporary name beside the target and renamed into place, so a reader never sees a
+half-written file. Opened with xarray, a written file equals the in-memory Dataset.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+import yaml
+
+from .._version import __version__
+from ..analysis.capacity import STATUSES, binding_of
+from ..analysis.metrics import INTEGER_METRICS, METRICS
+from ..analysis.simulation import Result
+from ..model.schema import Config
+from .files import atomic_path
+from .grid import Grid
+
+if TYPE_CHECKING:
+    import xarray as xr
+
+# Units of sweep coordinates, by axis name; axes not listed are dimensionless.
+AXIS_UNITS = {
+    "rate": "requests/s",
+    "window_ms": "ms",
+    "mem_bandwidth_tb_s": "TB/s",
+    "weight_gb": "GB",
+    "kv_bytes_per_token": "bytes",
+    "prompt_tokens": "tokens",
+    "max_batch": "sequences",
+    "max_concurrent": "sequences",
+    "n_requests": "requests",
+    "min": "tokens",
+    "max": "tokens",
+    "value": "tokens",
+    "peak_tflops": "TFLOP/s",
+    "mem_gb": "GB",
+    "link_gb_s": "GB/s",
+    "link_latency_us": "us",
+    "params_b": "1e9 parameters",
+    "max_batched_tokens": "tokens",
+    "tp": "GPUs",
+    "block_tokens": "tokens",
+    "reserved_gb": "GB",
+    "kv_cache_gb": "GB",
+    "step_overhead_ms": "ms",
+    "api_overhead_ms": "ms",
+    "prefix_tokens": "tokens",
+    "usd_per_gpu_hour": "USD/hour",
+    "replicas": "replicas",
+    "prefill_replicas": "replicas",
+    "prefill_tp": "GPUs",
+    "prefill_max_batched_tokens": "tokens",
+    "kv_link_gb_s": "GB/s",
+    "kv_link_latency_ms": "ms",
+}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """An output's structure: {name: (dims, values, attrs)} for coordinates and data."""
+
+    coords: dict[str, tuple[tuple[str, ...], np.ndarray, dict[str, str]]]
+    data: dict[str, tuple[tuple[str, ...], np.ndarray, dict[str, str]]]
+    attrs: dict[str, Any]
+
+    def to_dataset(self) -> xr.Dataset:
+        import xarray as xr
+
+        return xr.Dataset(
+            {k: xr.Variable(*v) for k, v in self.data.items()},
+            {k: xr.Variable(*v) for k, v in self.coords.items()},
+            attrs=self.attrs,
+        )
+
+    def write(self, path: str | Path) -> Path:
+        """Write as netCDF4 (data compressed: zlib 4 + shuffle) to ``path`` atomically."""
+        import netCDF4
+
+        path = Path(path)
+        with atomic_path(path) as tmp, netCDF4.Dataset(tmp, "w", format="NETCDF4") as nc:
+            for name, (_, values, _) in self.coords.items():
+                nc.createDimension(name, values.size)
+            for name, (dims, values, attrs) in (*self.coords.items(), *self.data.items()):
+                kind = str if values.dtype.kind in "UO" else values.dtype
+                compress = name in self.data and values.ndim > 0
+                var = nc.createVariable(name, kind, dims, zlib=compress, complevel=4, shuffle=compress)
+                var.setncatts(attrs)
+                var[...] = values.astype(object) if kind is str else values
+            nc.setncatts(self.attrs)
+        return path
+
+
+def _provenance(config: Config) -> dict[str, str]:
+    import numba
+
+    return {
+        "fastsim_version": __version__,
+        "numpy_version": np.__version__,
+        "numba_version": numba.__version__,
+        # libyaml's emitter when present: a sweep's config may list a million axis values
+        "config": yaml.dump(config.model_dump(), Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper), sort_keys=False),
+    }
+
+
+def _coordinate(values: Sequence[Any]) -> np.ndarray:
+    """A coordinate array; a numeric axis holding null gets NaN there (netCDF has no None)."""
+    if any(v is None for v in values) and all(v is None or isinstance(v, (int, float)) for v in values):
+        return np.array([np.nan if v is None else v for v in values], dtype=float)
+    return np.asarray(values)
+
+
+def dims(grid: Grid) -> tuple[str, ...]:
+    """The dataset dimension of each axis: its key's last component."""
+    return tuple(key.rsplit(".", 1)[-1] for key in grid.keys)
+
+
+def sweep_layout(grid: Grid, table: np.ndarray) -> Layout:
+    """Label a grid of metrics: ``table`` has shape (*axis lengths, len(METRICS)), C order."""
+    dims_ = dims(grid)
+    coords = {}
+    for dim, key, values in zip(dims_, grid.keys, grid.axes):
+        attrs = {"config_key": key}
+        if dim in AXIS_UNITS:
+            attrs["units"] = AXIS_UNITS[dim]
+        coords[dim] = ((dim,), _coordinate(values), attrs)
+    data = {}
+    for k, (name, (units, long_name)) in enumerate(METRICS.items()):
+        values = table[..., k]
+        if name in INTEGER_METRICS and np.isfinite(values).all():  # a capacity search can find no rate
+            values = values.astype(np.int64)
+        data[name] = (dims_, values, {"units": units, "long_name": long_name})
+    return Layout(coords, data, _provenance(grid.base))
+
+
+def sweep_dataset(grid: Grid, table: np.ndarray) -> xr.Dataset:
+    """The sweep grid as an xarray Dataset (see :func:`sweep_layout`)."""
+    return sweep_layout(grid, table).to_dataset()
+
+
+def requests_layout(result: Result) -> Layout:
+    """Per-request results along a ``request`` dimension, metrics as global attributes; a
+    fleet's adds the replica that served each request (and its prefill replica)."""
+    fields = {
+        "arrival_s": (result.arrival_s, "s", "arrival time"),
+        "prompt_tokens": (result.prompt_tokens, "tokens", "prompt length"),
+        "output_tokens": (result.output_tokens, "tokens", "output length"),
+        "first_token_s": (result.first_token_s, "s", "time of the first token, as the client sees it"),
+        "done_s": (result.done_s, "s", "time of the last token, as the client sees it"),
+    }
+    if result.replica is not None:
+        fields["replica"] = (result.replica, "1", "the replica that served the request (decoded it, when "
+                                                  "disaggregated; -1: done at its prefill)")
+    if result.prefill_replica is not None:
+        fields["prefill_replica"] = (result.prefill_replica, "1", "the prefill replica that ran its prompt")
+    data = {name: (("request",), v, {"units": u, "long_name": ln}) for name, (v, u, ln) in fields.items()}
+    coords = {"request": (("request",), np.arange(result.arrival_s.size), {})}
+    attrs = {**_provenance(result.config), **{f"metric_{k}": v for k, v in result.metrics.items()}}
+    return Layout(coords, data, attrs)
+
+
+def capacity_layout(grid: Grid, table: np.ndarray, targets: list) -> Layout:
+    """A capacity search over ``grid``'s settings (its rate axis removed): ``max_rate_rps``, what
+    bound it, and every metric at that rate. ``table``: :class:`~fastsim.analysis.capacity.CapacitySearch`
+    rows, shape (*axes, columns)."""
+    flat = table.reshape(-1, table.shape[-1])
+    base = sweep_layout(grid, table[..., 4:])
+    names = [str(t) for t in targets]
+    binding = [binding_of(STATUSES[int(row[1])], row[0], names[int(row[2])] if row[2] >= 0 else "") for row in flat]
+    axes = dims(grid)
+    data = {
+        "max_rate_rps": (axes, table[..., 0],
+                         {"units": "requests/s", "long_name": "highest request rate meeting every target (to 1 %)"}),
+        "binding": (axes, np.array(binding, dtype=object).reshape(grid.shape),
+                    {"long_name": "the target that fails just above max_rate_rps, or why there is none"}),
+        **base.data,
+    }
+    attrs = {**base.attrs, "targets": "; ".join(names), "simulations": int(flat[:, 3].sum())}
+    return Layout(base.coords, data, attrs)

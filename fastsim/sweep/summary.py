@@ -1,0 +1,165 @@
+"""Human-readable summaries of a sweep's metrics table: plain rows of strings for the CLI.
+
+A small grid is shown whole, one row per point, with the lesson's columns, TPOT p99 and ITL
+p99 (and preemptions and KV cache peak use when some point has them). A load sweep (three rates
+or more) is shown per setting (the other axes), at the highest rate it sustains. Else, a large
+one is shown compactly: per policy, the point with the best throughput. With a ``seed`` axis, every figure is
+the mean across seeds with the half-width of its 95 % confidence interval (Student's t).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ..analysis.capacity import STATUSES, binding_of
+from ..analysis.metrics import METRICS
+from .grid import Grid
+
+METRIC_INDEX = {name: k for k, name in enumerate(METRICS)}
+FULL_TABLE_MAX_ROWS = 40
+# A rate is sustained when the median request waits under a second for its first token: past
+# saturation the queue, and so the median wait, grows for the whole run (minutes, not seconds).
+SUSTAINED_TTFT_P50_S = 1.0
+
+# (metric, header, scale, format)
+COLUMNS = [
+    ("throughput_tok_s", "tok/s", 1, "{:.0f}"),
+    ("slot_use", "slot use", 100, "{:.0f}%"),
+    ("ttft_p50_s", "TTFT p50", 1, "{:.2f}s"),
+    ("ttft_p99_s", "TTFT p99", 1, "{:.2f}s"),
+    ("e2e_p50_s", "e2e p50", 1, "{:.1f}s"),
+    ("e2e_p99_s", "e2e p99", 1, "{:.1f}s"),
+    ("tpot_p99_s", "TPOT p99", 1000, "{:.1f}ms"),
+    ("itl_p99_s", "ITL p99", 1000, "{:.1f}ms"),
+]
+# Shown only when some point has them: preemptions, and KV cache use with a limited cache.
+OPTIONAL_COLUMNS = [
+    ("preemptions", "preempt", 1, "{:.0f}"),
+    ("kv_peak_use", "KV peak", 100, "{:.0f}%"),
+]
+
+
+def columns(table: np.ndarray) -> list[tuple]:
+    """The summary's metric columns for a metrics table (the last axis indexes METRICS)."""
+    preemptions = table[..., METRIC_INDEX["preemptions"]]
+    kv = table[..., METRIC_INDEX["kv_peak_use"]]
+    shown = {"preemptions": bool((preemptions > 0).any()), "kv_peak_use": bool(np.isfinite(kv).any())}
+    return COLUMNS + [c for c in OPTIONAL_COLUMNS if shown[c[0]]]
+
+# Two-sided 95 % Student t quantiles for 1..30 degrees of freedom; beyond, the normal 1.96.
+_T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
+        2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056,
+        2.052, 2.048, 2.045, 2.042]
+
+
+def t95(dof: int) -> float:
+    return _T95[dof - 1] if dof <= len(_T95) else 1.96
+
+
+def mean_ci(values: np.ndarray) -> tuple[float, float]:
+    """Mean and 95 % confidence half-width of independent replications (NaN half-width if one)."""
+    values = np.asarray(values, dtype=float)
+    n = values.size
+    mean = float(values.mean())
+    if n < 2:
+        return mean, math.nan
+    return mean, t95(n - 1) * float(values.std(ddof=1)) / math.sqrt(n)
+
+
+def _cell(samples: np.ndarray, column: tuple) -> str:
+    """One figure: a metric over the seeds of one point (a single value without a seed axis)."""
+    name, _, scale, fmt = column
+    values = samples[:, METRIC_INDEX[name]] * scale
+    if values.size == 1:
+        return fmt.format(float(values[0]))
+    mean, half = mean_ci(values)
+    return fmt.format(mean) if math.isnan(half) else f"{fmt.format(mean)} ± {fmt.format(half)}"
+
+
+def _label(value: Any) -> str:
+    if value is None:
+        return "null"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def summarize(grid: Grid, table: np.ndarray) -> tuple[str, list[str], list[list[str]], int]:
+    """(title, column headers, rows, number of leading label columns) describing a sweep's
+    metrics ``table``, which has shape (*axis lengths, len(METRICS)) with axes in the order of
+    ``grid.keys``."""
+    axes = {key.rsplit(".", 1)[-1]: values for key, values in zip(grid.keys, grid.axes)}
+    dims = [d for d in axes if d != "seed"]
+    if "seed" in axes:  # seeds become the second-to-last axis: (*dims, seed, metric)
+        table = np.moveaxis(table, list(axes).index("seed"), -2)
+    else:
+        table = table[..., np.newaxis, :]
+    n_seeds = table.shape[-2]
+    suffix = f" (mean ± 95% CI over {n_seeds} seeds)" if n_seeds > 1 else ""
+    shown = columns(table)
+    headers = [h for _, h, _, _ in shown]
+    shape = table.shape[:-2]
+    n_rows = math.prod(shape)
+
+    def row(index: tuple[int, ...], skip: str | None = None) -> list[str]:
+        labels = [_label(axes[d][i]) for d, i in zip(dims, index) if d != skip]
+        return labels + [_cell(table[index], c) for c in shown]
+
+    load_sweep = "rate" in dims and len(axes["rate"]) >= 3 and n_rows // len(axes["rate"]) <= FULL_TABLE_MAX_ROWS
+    if n_rows <= FULL_TABLE_MAX_ROWS and not load_sweep:
+        rows = [row(index) for index in np.ndindex(*shape)]
+        return f"{n_rows} grid point{'s' * (n_rows != 1)}{suffix}", dims + headers, rows, len(dims)
+    if load_sweep:
+        # Per setting, the highest rate it sustains: completions keep up with arrivals.
+        r = dims.index("rate")
+        waited = np.moveaxis(table[..., METRIC_INDEX["ttft_p50_s"]].mean(axis=-1), r, -1)
+        kept = waited <= SUSTAINED_TTFT_P50_S
+        settings = [d for d in dims if d != "rate"]
+        rows = []
+        for index in np.ndindex(*kept.shape[:-1]):
+            ok = np.flatnonzero(kept[index])
+            labels = [_label(axes[d][i]) for d, i in zip(settings, index)]
+            if ok.size == 0:
+                rows.append(labels + [f"< {_label(axes['rate'][0])}"] + [""] * len(headers))
+                continue
+            best = ok[-1]
+            full = index[:r] + (best,) + index[r:]
+            sustained = _label(axes["rate"][best]) + ("+" if best == len(axes["rate"]) - 1 else "")
+            rows.append(labels + [sustained] + [_cell(table[full], c) for c in shown])
+        title = (f"{n_rows} grid points: per setting, the highest rate it sustains (TTFT p50 <= "
+                 f"{SUSTAINED_TTFT_P50_S:g} s; + = the grid's highest){suffix}")
+        return title, settings + ["max rate"] + headers, rows, len(settings) + 1
+    # Compact: per policy (or overall), the point with the best mean throughput.
+    throughput = table[..., METRIC_INDEX["throughput_tok_s"]].mean(axis=-1)
+    p = dims.index("policy") if "policy" in dims else None
+    rows = []
+    for k, policy in enumerate(axes["policy"] if p is not None else [None]):
+        sub = throughput if p is None else np.take(throughput, [k], axis=p)
+        index = np.unravel_index(int(np.nanargmax(sub)), sub.shape)
+        if p is not None:
+            index = index[:p] + (k,) + index[p + 1 :]
+        rows.append([str(policy or "all")] + row(index, skip="policy"))
+    title = f"{n_rows} grid points: best throughput per policy{suffix}"
+    labels = ["policy"] + [d for d in dims if d != "policy"]
+    return title, labels + headers, rows, len(labels)
+
+
+def capacity_rows(grid: Grid, table: np.ndarray, targets) -> tuple[str, list[str], list[list[str]], int]:
+    """(title, headers, rows, label columns) for a capacity search (``table``: its rows, shape
+    (*axes, columns)): per setting, the highest rate meeting every target, the goodput there,
+    the latencies, and the target that binds."""
+    dims = [key.rsplit(".", 1)[-1] for key in grid.keys]
+    names = [str(t) for t in targets]
+    metric = {name: 4 + k for k, name in enumerate(METRICS)}
+    rows = []
+    for index in np.ndindex(*grid.shape):
+        row = table[index]
+        labels = [_label(grid.axes[j][i]) for j, i in enumerate(index)]
+        status = STATUSES[int(row[1])]
+        rate = {"found": f"{row[0]:.3g}", "bound not reached": f">= {row[0]:.3g}", "lowest rate fails": "none"}[status]
+        binding = binding_of(status, row[0], names[int(row[2])] if row[2] >= 0 else "")
+        rows.append(labels + [rate, f"{row[metric['goodput_rps']]:.3g}", f"{row[metric['ttft_p99_s']]:.2f}s",
+                              f"{row[metric['tpot_p99_s']] * 1e3:.1f}ms", f"{row[metric['e2e_p99_s']]:.1f}s", binding])
+    title = f"capacity: the highest rate (requests/s, to 1 %) meeting {' and '.join(names)}"
+    return title, dims + ["max rate", "goodput", "TTFT p99", "TPOT p99", "e2e p99", "binding"], rows, len(dims)

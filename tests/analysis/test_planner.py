@@ -1,0 +1,174 @@
+"""Planner tools: SLO goodput and attainment, `fastsim capacity`, `fastsim compare`, `fastsim plot`."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import xarray as xr
+from typer.testing import CliRunner
+
+from fastsim import Config, load_config, simulate
+from fastsim.analysis import metrics
+from fastsim.analysis.capacity import search
+from fastsim.analysis.targets import parse_target
+from fastsim.cli import app
+
+
+def invoke(*args):
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+# SLOs
+def test_goodput_rule_on_hand_made_requests():
+    arrival = np.array([0.0, 0.0, 0.0, 0.0])
+    first = np.array([0.1, 0.6, 0.2, 0.3])
+    done = np.array([1.1, 1.6, 0.2, 5.3])
+    output = np.array([11, 11, 1, 11])  # TPOT 0.1, 0.1, (one token: 0), 0.5
+    _, _, _, good = metrics._latencies(arrival, output, first, done, 0.5, 0.2, np.inf)
+    assert good == 2  # the second misses TTFT, the fourth TPOT; the one-token request is good
+    _, _, _, good = metrics._latencies(arrival, output, first, done, np.inf, np.inf, 1.2)
+    assert good == 2  # e2e only
+    _, _, _, good = metrics._latencies(arrival, output, first, done, np.inf, np.inf, np.inf)
+    assert good == 4
+
+
+def test_goodput_and_attainment_from_per_request_results():
+    config = Config().with_values({"workload.rate": 40, "slo.ttft_s": 0.009, "slo.tpot_s": 0.006})
+    r = simulate(config)
+    ttft = r.first_token_s - r.arrival_s
+    tpot = np.where(r.output_tokens > 1, (r.done_s - r.first_token_s) / np.maximum(r.output_tokens - 1, 1), 0.0)
+    good = int(((ttft <= 0.009) & (tpot <= 0.006)).sum())
+    assert 0 < good < len(ttft)
+    assert r.metrics["slo_attainment"] == good / len(ttft)
+    assert r.metrics["goodput_rps"] == good / r.metrics["span_s"]
+    none = simulate(Config())
+    assert math.isnan(none.metrics["goodput_rps"]) and math.isnan(none.metrics["slo_attainment"])
+
+
+# capacity
+def test_capacity_meets_its_targets_and_one_percent_more_fails(root):
+    config = load_config(root / "configs/h100.yaml", {"workload.n_requests": 4000})
+    targets = [parse_target("ttft_p99_s<=0.5"), parse_target("tpot_p99_s<=0.05")]
+    answer = search(config, targets)
+    assert answer.status == "found" and answer.simulations < 40
+    at = simulate(config.with_values({"workload.rate": answer.max_rate})).metrics
+    above = simulate(config.with_values({"workload.rate": answer.max_rate * 1.01})).metrics
+    assert all(t.holds(at) for t in targets)
+    assert not all(t.holds(above) for t in targets)
+    assert answer.binding in {str(t) for t in targets}
+
+
+def test_capacity_cli_answers_every_setting_and_writes_a_dataset(root, tmp_path):
+    out = tmp_path / "cap.nc"
+    result = invoke("capacity", root / "configs/h100.yaml", "--quiet", "--set", "workload.n_requests=2000",
+                    "--set", "sweep.engine.max_batched_tokens=[2048, 8192]", "--workers", "2", "--out", out)
+    assert result.exit_code == 0, result.output
+    assert "meeting slo_attainment>=0.9" in result.stdout
+    with xr.open_dataset(out) as ds:
+        assert list(ds.max_rate_rps.dims) == ["max_batch", "max_batched_tokens"]
+        assert ds.max_rate_rps.attrs["units"] == "requests/s"
+        assert (ds.slo_attainment.values >= 0.9).all() and np.isfinite(ds.max_rate_rps.values).all()
+        assert ds.attrs["targets"] == "slo_attainment>=0.9" and int(ds.attrs["simulations"]) > 0
+        row = ds.sel(max_batch=256, max_batched_tokens=8192)
+        assert f"{float(row.max_rate_rps):.3g}" in result.stdout
+
+
+def test_capacity_says_when_no_rate_works_or_the_bound_is_never_reached(root, tmp_path):
+    impossible = invoke("capacity", root / "configs/h100.yaml", "--quiet", "--set", "sweep={}",
+                        "--set", "workload.n_requests=300", "--target", "ttft_p99_s<=0.001", "--out", tmp_path / "a.nc")
+    assert impossible.exit_code == 0 and " none " in impossible.stdout and "fails at 0.001/s" in impossible.stdout
+    easy = invoke("capacity", root / "configs/h100.yaml", "--quiet", "--set", "sweep={}",
+                  "--set", "workload.n_requests=300", "--target", "ttft_p99_s<=1e9", "--out", tmp_path / "b.nc")
+    assert easy.exit_code == 0 and ">= " in easy.stdout and "the search bound" in easy.stdout
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--target", "ttft<=1"], "unknown metric 'ttft'"),
+    (["--target", "ttft_p99_s=1"], "expected METRIC<=VALUE or METRIC>=VALUE"),
+])
+def test_capacity_bad_targets_exit_2(root, tmp_path, args, message):
+    result = invoke("capacity", root / "configs/h100.yaml", "--quiet", *args, "--out", tmp_path / "x.nc")
+    assert result.exit_code == 2 and message in result.stderr
+
+
+def test_capacity_needs_a_target(root, tmp_path):
+    result = invoke("capacity", root / "configs/reference.yaml", "--quiet", "--out", tmp_path / "x.nc")
+    assert result.exit_code == 2 and "capacity needs a target" in result.stderr
+
+
+# compare
+@pytest.fixture(scope="module")
+def reference_nc(tmp_path_factory):
+    from ..conftest import ROOT
+
+    path = tmp_path_factory.mktemp("cmp") / "ref.nc"
+    assert invoke("sweep", ROOT / "configs/reference.yaml", "--quiet", "--workers", "1", "--out", path).exit_code == 0
+    return path
+
+
+def test_compare_identical_files_exits_0(reference_nc):
+    result = invoke("compare", reference_nc, reference_nc)
+    assert result.exit_code == 0, result.output
+    report = json.loads(invoke("compare", reference_nc, reference_nc, "--json").stdout)
+    assert report["regressed"] is False and report["metrics"]["throughput_tok_s"]["regressions"] == 0
+
+
+def test_compare_names_a_regressed_point(reference_nc, tmp_path):
+    with xr.open_dataset(reference_nc) as ds:
+        worse = ds.load()
+    worse["throughput_tok_s"].loc[{"rate": 40, "policy": "continuous"}] *= 0.9
+    worse["ttft_p99_s"].loc[{"rate": 8, "policy": "static"}] *= 0.5  # an improvement never fails
+    path = tmp_path / "worse.nc"
+    worse.to_netcdf(path)
+    result = invoke("compare", reference_nc, path)
+    assert result.exit_code == 1
+    assert "1 regressed point(s)" in result.stdout and "rate=40.0, policy=continuous" in result.stdout
+    report = json.loads(invoke("compare", reference_nc, path, "--json").stdout)
+    assert report["regressions"] == [{"metric": "throughput_tok_s", "at": {"rate": 40.0, "policy": "continuous"},
+                                      "baseline": pytest.approx(5709.66, abs=0.01),
+                                      "candidate": pytest.approx(5709.66 * 0.9, abs=0.01),
+                                      "change": pytest.approx(-0.1)}]
+    assert report["metrics"]["ttft_p99_s"]["improvements"] == 1
+    assert invoke("compare", reference_nc, path, "--rtol", "0.2").exit_code == 0
+    assert invoke("compare", reference_nc, path, "--metric", "ttft_p99_s").exit_code == 0
+
+
+def test_compare_refuses_what_cannot_be_compared(root, reference_nc, tmp_path):
+    other = tmp_path / "other.nc"
+    assert invoke("sweep", root / "configs/reference.yaml", "--quiet", "--set", "sweep.workload.rate=[8, 20]",
+                  "--out", other).exit_code == 0
+    result = invoke("compare", reference_nc, other)
+    assert result.exit_code == 2 and "coordinate rate differs: baseline [8.0, 40.0] vs candidate [8.0, 20.0]" in result.stderr
+    junk = tmp_path / "junk.nc"
+    junk.write_text("not netcdf")
+    assert invoke("compare", reference_nc, junk).exit_code == 2
+    plain = tmp_path / "plain.nc"
+    xr.Dataset({"x": ("rate", [1.0, 2.0])}, {"rate": [8.0, 40.0]}).to_netcdf(plain)
+    result = invoke("compare", reference_nc, plain)
+    assert result.exit_code == 2 and "not a fastsim dataset" in result.stderr
+    result = invoke("compare", reference_nc, reference_nc, "--metric", "nonsense")
+    assert result.exit_code == 2 and "'nonsense' is not in the baseline" in result.stderr
+
+
+# plot
+def test_plot_writes_pngs_for_sweeps_and_capacity(root, tmp_path, reference_nc):
+    png = tmp_path / "ref.png"
+    result = invoke("plot", reference_nc, "--hue", "policy", "--out", png)
+    assert result.exit_code == 0, result.output
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    cap = tmp_path / "cap.nc"
+    assert invoke("capacity", root / "configs/h100.yaml", "--quiet", "--set", "workload.n_requests=500",
+                  "--set", "sweep.engine.max_batched_tokens=[8192]", "--out", cap).exit_code == 0
+    result = invoke("plot", cap, "--x", "max_batch", "--out", tmp_path / "cap.png")
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "cap.png").stat().st_size > 1000
+
+
+def test_plot_names_an_axis_left_unselected(reference_nc, tmp_path):
+    result = invoke("plot", reference_nc, "--out", tmp_path / "x.png")
+    assert result.exit_code == 2
+    assert "axis 'policy' has 3 values: pick one with --sel policy=VALUE" in result.stderr
+    assert invoke("plot", reference_nc, "--sel", "policy=static", "--out", tmp_path / "y.png").exit_code == 0
+    bad = invoke("plot", reference_nc, "--sel", "policy=greedy", "--out", tmp_path / "z.png")
+    assert bad.exit_code == 2 and "not a value of policy" in bad.stderr

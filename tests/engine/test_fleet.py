@@ -1,0 +1,296 @@
+"""Fleets: replicas behind routers and prefill/decode disaggregation, against the fleet oracle
+(written from DESIGN.md), one replica as the single engine, and what a planner relies on."""
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import assume, event, given, settings
+
+from fastsim import Config, ConfigError, simulate
+from fastsim.analysis.simulation import measure
+from fastsim.engine import checks, fleet
+from fastsim.engine.traffic import generate, routes
+
+from ..strategies import fleet_configs, fleet_oracle
+
+
+def lesson_quantile(values, p):
+    xs = sorted(values)
+    return xs[min(len(xs) - 1, int(p * len(xs)))] if xs else math.nan
+
+
+def same(a, b):
+    return a == b or (math.isnan(a) and math.isnan(b))
+
+
+def same_metrics(a, b):
+    return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+
+
+def runnable(config):
+    try:
+        checks.check(config)
+    except ConfigError:
+        return False
+    return True
+
+
+def run_both(config):
+    traffic = generate(config.workload)
+    f = config.fleet
+    n = len(traffic)
+    draws = routes(config.workload, n, f.replicas, 0) if f.router == "random" else None
+    pre_draws = routes(config.workload, n, f.prefill_replicas, 1) if f.router == "random" and f.prefill_replicas else None
+    return traffic, fleet.run(config, traffic), fleet_oracle(config, traffic, draws, pre_draws)
+
+
+@settings(max_examples=300)
+@given(fleet_configs())
+def test_fleets_match_the_fleet_oracle_exactly(config):
+    assume(runnable(config))
+    traffic, fast, slow = run_both(config)
+    f = config.fleet
+    event(f"{f.router}, {'disaggregated' if f.prefill_replicas else 'colocated'}, "
+          f"{'preempts' if fast.preemptions else 'no preemption'}")
+    assert fast.first_token_s.tolist() == slow["first_token"]
+    assert fast.done_s.tolist() == slow["done"]
+    assert (fast.steps, fast.busy_slot_steps, fast.max_queue, fast.preemptions) == (
+        slow["steps"], slow["busy"], slow["max_queue"], slow["preemptions"])
+    single = config.fleet.replicas == 1 and not config.fleet.prefill_replicas
+    if not single:
+        assert fast.replica.tolist() == [-1 if r is None else r for r in slow["replica"]]
+    if config.fleet.prefill_replicas:
+        assert fast.prefill_replica.tolist() == slow["prefill_replica"]
+    used = [u for u in slow["kv_used_by_replica"] if u is not None]
+    assert fast.kv_block_steps == sum(sum(u) for u in used)
+    m = measure(config, traffic, fast)
+    for p, name in ((0.5, "itl_p50_s"), (0.99, "itl_p99_s")):
+        assert same(m[name], lesson_quantile(slow["gaps"], p)), name
+
+
+def coupled_round_robin(config, traffic):
+    """The pool kernel on a round-robin fleet (which fleet.run runs replica by replica)."""
+    from fastsim.engine.kernels import Plan
+    from fastsim.engine.kernels.pool import coupled
+    from fastsim.engine.router import ROUND_ROBIN
+
+    p = Plan.of(config)
+    n = len(traffic)
+    first, done, replica = np.empty(n), np.empty(n), np.empty(n, np.int64)
+    runs, gaps = np.empty((4 * n + 64, 4), np.int64), np.empty(n + 64)
+    counts = coupled(traffic.arrival_s, traffic.prompt_tokens, traffic.output_tokens, config.fleet.replicas, ROUND_ROBIN,
+                     np.empty(n, np.int64), p.limit, p.k, p.budget, p.blocks, p.block_tokens, p.reserve, p.prefix_blocks,
+                     p.max_output, np.empty(0), first, done, replica, runs, gaps)
+    return first + p.api_s, done + p.api_s, replica, counts
+
+
+@settings(max_examples=100)
+@given(fleet_configs())
+def test_the_pool_kernel_on_a_static_router_is_its_replicas_apart(config):
+    assume(config.engine.policy == "continuous" and not config.fleet.prefill_replicas and runnable(config))
+    config = config.with_values({"fleet.router": "round_robin"})
+    traffic = generate(config.workload)
+    apart = fleet.run(config, traffic)
+    first, done, replica, (steps, busy, queue, preemptions, *_) = coupled_round_robin(config, traffic)
+    assert first.tolist() == apart.first_token_s.tolist() and done.tolist() == apart.done_s.tolist()
+    assert (steps, busy, queue, preemptions) == (apart.steps, apart.busy_slot_steps, apart.max_queue, apart.preemptions)
+    if config.fleet.replicas > 1:
+        assert replica.tolist() == apart.replica.tolist()
+
+
+H100 = {"hardware.preset": "h100-sxm", "model.preset": "llama-3.1-8b", "engine.max_batch": 256,
+        "engine.max_batched_tokens": 8192, "calibration.compute_efficiency": 0.85,
+        "calibration.bandwidth_efficiency": 0.85, "calibration.step_overhead_ms": 1.5,
+        "calibration.api_overhead_ms": 25}
+
+
+def test_one_replica_is_the_single_engine_to_the_bit(root):
+    from fastsim import load_config
+
+    for path in ("configs/reference.yaml", "configs/h100.yaml"):
+        base = load_config(root / path, {"workload.n_requests": 3000})
+        one = simulate(base.with_values({"fleet.replicas": 1, "fleet.router": "least_kv", "fleet.prefill_tp": 2}))
+        plain = simulate(base)
+        assert same_metrics(one.metrics, plain.metrics)
+        assert one.done_s.tolist() == plain.done_s.tolist() and one.replica is None
+
+
+def test_the_pool_kernel_with_one_replica_is_the_single_engine():
+    config = Config().with_values({**H100, "workload.rate": 30, "workload.n_requests": 3000})
+    traffic = generate(config.workload)
+    first, done, _, (steps, busy, queue, preemptions, *_) = coupled_round_robin(config, traffic)
+    one = fleet.run(config, traffic)
+    assert first.tolist() == one.first_token_s.tolist() and done.tolist() == one.done_s.tolist()
+    assert (steps, busy, queue) == (one.steps, one.busy_slot_steps, one.max_queue)
+
+
+def test_a_prefill_pool_of_zero_is_colocated():
+    base = Config().with_values({**H100, "workload.rate": 60, "workload.n_requests": 2000, "fleet.replicas": 2})
+    with_keys = base.with_values({"fleet.prefill_replicas": 0, "fleet.prefill_tp": 2, "fleet.prefill_hardware": "b200",
+                                  "fleet.kv_link_gb_s": 1.0})
+    assert same_metrics(simulate(with_keys).metrics, simulate(base).metrics)
+
+
+# What a planner relies on
+def test_least_outstanding_cuts_ttft_p99_near_saturation_on_a_real_trace(root):
+    """4 H100s near saturation on Azure's conversation trace (64 sequences a replica): joining the
+    replica with the fewest outstanding requests shortens the queues that round robin lets grow."""
+    from fastsim import load_config
+
+    base = {"fleet.replicas": 4, "workload.rate": 60, "engine.max_batch": 64, "engine.max_batched_tokens": 2048}
+    rr = simulate(load_config(root / "configs/azure-conv.yaml", base)).metrics
+    lo = simulate(load_config(root / "configs/azure-conv.yaml", {**base, "fleet.router": "least_outstanding"})).metrics
+    assert lo["ttft_p99_s"] < 0.9 * rr["ttft_p99_s"]
+    assert lo["e2e_mean_s"] <= rr["e2e_mean_s"] * 1.005
+
+
+LONG_PROMPTS = {**H100, "workload.prompt.value": 8000, "workload.output.dist": "fixed", "workload.output.value": 200,
+                "workload.n_requests": 3000, "workload.rate": 4}
+
+
+def test_disaggregation_keeps_decoding_free_of_long_prefills():
+    colocated = simulate(Config().with_values({**LONG_PROMPTS, "fleet.replicas": 2})).metrics
+    split = simulate(Config().with_values({**LONG_PROMPTS, "fleet.prefill_replicas": 1})).metrics
+    assert split["itl_p99_s"] < 0.7 * colocated["itl_p99_s"]
+    assert split["gpus"] == colocated["gpus"] == 2 and split["usd_per_hour"] == colocated["usd_per_hour"]
+
+
+def test_a_slower_kv_link_leaves_ttft_alone_and_raises_e2e():
+    fast = simulate(Config().with_values({**LONG_PROMPTS, "fleet.prefill_replicas": 1}))
+    slow = simulate(Config().with_values({**LONG_PROMPTS, "fleet.prefill_replicas": 1, "fleet.kv_link_gb_s": 5}))
+    assert slow.first_token_s.tolist() == fast.first_token_s.tolist()
+    assert slow.metrics["e2e_mean_s"] > fast.metrics["e2e_mean_s"] + 0.2  # 8000 tokens x 128 KiB at 5 GB/s: 0.21 s
+    latency = simulate(Config().with_values({**LONG_PROMPTS, "fleet.prefill_replicas": 1,
+                                             "fleet.kv_link_latency_ms": 100}))
+    assert latency.first_token_s.tolist() == fast.first_token_s.tolist()
+    assert latency.metrics["e2e_mean_s"] >= fast.metrics["e2e_mean_s"] + 0.1 - 1e-9
+
+
+def test_every_request_is_served_once_by_a_replica_of_the_right_pool():
+    r = simulate(Config().with_values({**H100, "workload.rate": 80, "workload.n_requests": 4000, "fleet.replicas": 3,
+                                       "fleet.prefill_replicas": 2, "fleet.router": "least_outstanding"}))
+    one_token = r.output_tokens == 1
+    assert set(r.replica[~one_token]) == {0, 1, 2} and (r.replica[one_token] == -1).all()
+    assert set(r.prefill_replica) == {0, 1}
+    assert (r.arrival_s <= r.first_token_s).all() and (r.first_token_s <= r.done_s).all()
+    assert (r.done_s[~one_token] > r.first_token_s[~one_token]).all()
+
+
+def test_random_routing_is_uniform_and_leaves_the_traffic_alone():
+    base = Config().with_values({**H100, "workload.rate": 80, "workload.n_requests": 8000, "fleet.replicas": 4})
+    rr = simulate(base)
+    rnd = simulate(base.with_values({"fleet.router": "random"}))
+    assert rnd.arrival_s.tolist() == rr.arrival_s.tolist() and rnd.output_tokens.tolist() == rr.output_tokens.tolist()
+    counts = np.bincount(rnd.replica, minlength=4)
+    assert (np.abs(counts - 2000) < 4 * np.sqrt(2000)).all() and not (counts == 2000).all()
+    assert (rr.replica == np.arange(8000) % 4).all()
+
+
+def test_fleet_cost_follows_gpus_and_prices():
+    from fastsim.model.presets import HARDWARE
+
+    m = simulate(Config().with_values({**H100, "workload.n_requests": 500, "fleet.replicas": 3, "engine.tp": 2,
+                                       "fleet.prefill_replicas": 2, "fleet.prefill_hardware": "b200",
+                                       "fleet.prefill_tp": 1})).metrics
+    price = HARDWARE["h100-sxm"]["usd_per_gpu_hour"] * 6 + HARDWARE["b200"]["usd_per_gpu_hour"] * 2
+    assert m["gpus"] == 8 and m["usd_per_hour"] == pytest.approx(price)
+    assert m["usd_per_mtok"] == pytest.approx(price / (3600e-6 * m["throughput_tok_s"]))
+    override = simulate(Config().with_values({**H100, "workload.n_requests": 500, "hardware.usd_per_gpu_hour": 1.0,
+                                              "fleet.replicas": 2})).metrics
+    assert override["usd_per_hour"] == 2.0
+    lesson = simulate(Config().with_values({"workload.n_requests": 300})).metrics  # no hardware preset: no price
+    assert lesson["gpus"] == 1 and math.isnan(lesson["usd_per_hour"]) and math.isnan(lesson["usd_per_mtok"])
+
+
+BAD_FLEETS = [
+    (["fleet.replicas=0"], "fleet.replicas: Input should be greater than or equal to 1"),
+    (["fleet.replicas=-2"], "fleet.replicas: Input should be greater than or equal to 1"),
+    (["fleet.replicas=1.5"], "fleet.replicas: Input should be a valid integer"),
+    (["fleet.replicas=true"], "fleet.replicas: Input should be a valid integer"),
+    (["fleet.replicaz=2"], "fleet.replicaz: unknown key (valid here: fleet.replicas, fleet.router"),
+    (["fleet.router=fastest"], "fleet.router: must be one of round_robin, random, least_outstanding, least_kv "
+                               "(got 'fastest')"),
+    (["fleet.prefill_replicas=-1"], "fleet.prefill_replicas: Input should be greater than or equal to 0"),
+    (["fleet.prefill_tp=0"], "fleet.prefill_tp: Input should be greater than or equal to 1"),
+    (["fleet.prefill_hardware=h1000"], "fleet.prefill_hardware: unknown hardware preset 'h1000' (valid: h100-sxm"),
+    (["fleet.prefill_max_batched_tokens=0"], "fleet.prefill_max_batched_tokens: Input should be greater than or equal"),
+    (["fleet.kv_link_gb_s=0"], "fleet.kv_link_gb_s: Input should be greater than 0"),
+    (["fleet.kv_link_gb_s=.inf"], "fleet.kv_link_gb_s: Input should be a finite number"),
+    (["fleet.kv_link_latency_ms=-1"], "fleet.kv_link_latency_ms: Input should be greater than or equal to 0"),
+    (["hardware.usd_per_gpu_hour=-3"], "hardware.usd_per_gpu_hour: Input should be greater than or equal to 0"),
+    (["fleet=4"], "fleet: Input should be a valid dictionary"),
+    (["fleet.router=least_outstanding", "engine.policy=static"],
+     "fleet.router: least_outstanding needs engine.policy continuous (got static"),
+    (["fleet.router=least_kv", "engine.policy=dynamic"], "fleet.router: least_kv needs engine.policy continuous"),
+    (["fleet.prefill_replicas=1", "engine.policy=dynamic"],
+     "fleet.prefill_replicas (1) needs engine.policy continuous (got dynamic)"),
+    (["fleet.prefill_replicas=1", "fleet.prefill_tp=3"],
+     "fleet.prefill_tp (3) must divide the 8 KV heads of model.preset llama-3.1-8b"),
+    (["fleet.prefill_replicas=1", "fleet.prefill_max_batched_tokens=32"],
+     "the prefill replicas: fleet.prefill_max_batched_tokens (32) must be at least the running limit"),
+    (["fleet.prefill_replicas=1", "fleet.prefill_hardware=l40s", "model.preset=llama-3.1-70b", "engine.tp=4",
+      "fleet.prefill_tp=2"], "the prefill replicas: model.weight_gb (141.1) does not fit: fleet.prefill_tp (2) x "
+                             "(fleet.prefill_hardware l40s's mem_gb (48)"),
+    (["sweep.fleet.router=[round_robin, nearest]"], "sweep axis 'fleet.router', value 'nearest': fleet.router: must be "
+                                                    "one of round_robin"),
+]
+
+
+@pytest.mark.parametrize("sets,message", BAD_FLEETS, ids=[m[:50] for _, m in BAD_FLEETS])
+def test_bad_fleets_exit_2_naming_the_key(root, tmp_path, sets, message):
+    from typer.testing import CliRunner
+
+    from fastsim.cli import app
+
+    args = [a for s in sets for a in ("--set", s)]
+    command = ["sweep", "--out", str(tmp_path / "x.nc"), "--quiet"] if any(s.startswith("sweep.") for s in sets) else ["run"]
+    result = CliRunner().invoke(app, [command[0], str(root / "configs/h100.yaml"), *command[1:], *args])
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_fleet_sweep_has_its_dims_and_consistent_gpus_and_cost(root, tmp_path):
+    import xarray as xr
+
+    import fastsim
+    from fastsim.model.presets import HARDWARE
+
+    path = tmp_path / "fleet.yaml"
+    path.write_text(f"extends: {root / 'configs/h100.yaml'}\nworkload:\n  n_requests: 1500\n  rate: 40\n"
+                    "sweep:\n  fleet.replicas: [1, 2, 3]\n  fleet.router: [round_robin, least_outstanding]\n"
+                    "  fleet.prefill_replicas: [0, 1]\n")
+    ds = fastsim.sweep(fastsim.load_config(path), workers=1)
+    assert list(ds.throughput_tok_s.dims) == ["replicas", "router", "prefill_replicas"]
+    assert ds.replicas.values.tolist() == [1, 2, 3] and ds.router.values.tolist() == ["round_robin", "least_outstanding"]
+    gpus = ds.replicas + ds.prefill_replicas
+    assert (ds.gpus == gpus).all() and ds.gpus.dtype.kind == "i"
+    assert (abs(ds.usd_per_hour - gpus * HARDWARE["h100-sxm"]["usd_per_gpu_hour"]) < 1e-9).all()
+    assert (abs(ds.usd_per_mtok / (ds.usd_per_hour / (3600e-6 * ds.throughput_tok_s)) - 1) < 1e-12).all()
+    assert ds.usd_per_hour.attrs["units"] == "USD/hour" and ds.replicas.attrs["units"] == "replicas"
+    one = simulate(fastsim.load_config(path, {"fleet.replicas": 2, "fleet.router": "least_outstanding",
+                                              "fleet.prefill_replicas": 1}))
+    assert one.metrics["ttft_p99_s"] == float(ds.ttft_p99_s.sel(replicas=2, router="least_outstanding",
+                                                                 prefill_replicas=1))
+    out = tmp_path / "fleet.nc"
+    assert fastsim.api.sweep_to_file(fastsim.load_config(path), out, workers=2)
+    with xr.open_dataset(out) as written:
+        assert (written.gpus.values == ds.gpus.values).all()
+
+
+def test_requests_out_names_the_replicas(root, tmp_path):
+    import xarray as xr
+    from typer.testing import CliRunner
+
+    from fastsim.cli import app
+
+    out = tmp_path / "requests.nc"
+    result = CliRunner().invoke(app, ["run", str(root / "configs/h100.yaml"), "--set", "workload.n_requests=500",
+                                      "--set", "fleet.replicas=2", "--set", "fleet.prefill_replicas=1",
+                                      "--requests-out", str(out)])
+    assert result.exit_code == 0, result.output
+    with xr.open_dataset(out) as ds:
+        assert set(ds.replica.values.tolist()) <= {-1, 0, 1} and set(ds.prefill_replica.values.tolist()) == {0}
+        assert ds.replica.attrs["long_name"].startswith("the replica that served")
+        assert float(ds.attrs["metric_gpus"]) == 3

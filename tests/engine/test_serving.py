@@ -1,0 +1,149 @@
+"""The serving model: kernels against the second oracle, the lesson as its special case, and
+the behaviour a planner relies on."""
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+
+from fastsim import Config, simulate
+from fastsim.engine import kernels
+from fastsim.model import cost
+from fastsim.analysis.simulation import measure
+from fastsim.engine.traffic import generate
+
+from ..oracles import serving as oracle_serving
+from ..strategies import oracle_engine, serving_configs
+
+
+def run_both(config):
+    traffic = generate(config.workload)
+    fast = kernels.run(config, traffic)
+    slow = oracle_serving.simulate(traffic.arrival_s.tolist(), traffic.prompt_tokens.tolist(),
+                                   traffic.output_tokens.tolist(), oracle_engine(config))
+    return traffic, fast, slow
+
+
+def lesson_quantile(values, p):
+    xs = sorted(values)
+    return xs[min(len(xs) - 1, int(p * len(xs)))] if xs else math.nan
+
+
+def same(a, b):
+    return a == b or (math.isnan(a) and math.isnan(b))
+
+
+@settings(max_examples=400)
+@given(serving_configs())
+def test_kernels_match_the_serving_oracle_exactly(config):
+    traffic, fast, slow = run_both(config)
+    assert fast.first_token_s.tolist() == slow["first_token"]
+    assert fast.done_s.tolist() == slow["done"]
+    assert (fast.steps, fast.busy_slot_steps, fast.max_queue, fast.preemptions) == (
+        slow["steps"], slow["busy"], slow["max_queue"], slow["preemptions"])
+    m = measure(config, traffic, fast)
+    if slow["kv_used"] is None:
+        assert math.isnan(m["kv_peak_use"]) and math.isnan(m["kv_mean_use"])
+    else:
+        blocks = oracle_engine(config).blocks
+        assert fast.kv_block_steps == sum(slow["kv_used"]) and fast.kv_capacity_steps == blocks * slow["steps"]
+        assert fast.kv_peak_use == max(slow["kv_used"]) / blocks
+    for p, name in ((0.5, "itl_p50_s"), (0.99, "itl_p99_s")):
+        assert same(m[name], lesson_quantile(slow["gaps"], p)), name
+
+
+@settings(max_examples=200)
+@given(serving_configs())
+def test_serving_invariants(config):
+    traffic, out, _ = run_both(config)
+    assert np.isfinite(out.done_s).all()  # every request finishes, once
+    assert (traffic.arrival_s <= out.first_token_s).all() and (out.first_token_s <= out.done_s).all()
+    assert out.busy_slot_steps == traffic.output_tokens.sum()  # tokens conserved
+    if out.kv_capacity_steps:
+        assert out.kv_peak_use <= 1
+
+
+LESSON_CASES = [
+    {"engine.policy": p, "workload.rate": r, "engine.max_concurrent": c, "workload.n_requests": 400}
+    for p in ("static", "dynamic", "continuous") for r in (8, 40, 300) for c in (None, 5)
+]
+
+
+@pytest.mark.parametrize("values", LESSON_CASES)
+def test_serving_kernels_are_the_lesson_when_every_addition_is_off(values):
+    config = Config().with_values(values)
+    traffic = generate(config.workload)
+    plan = kernels.Plan.of(config)
+    assert plan.lesson
+    lesson = kernels.run(config, traffic, plan)
+    serving = kernels.run(config, traffic, dataclasses.replace(plan, lesson=False))
+    assert serving.first_token_s.tolist() == lesson.first_token_s.tolist()
+    assert serving.done_s.tolist() == lesson.done_s.tolist()
+    assert (serving.steps, serving.busy_slot_steps, serving.max_queue) == (lesson.steps, lesson.busy_slot_steps,
+                                                                          lesson.max_queue)
+    assert measure(config, traffic, serving) == pytest.approx(measure(config, traffic, lesson), nan_ok=True, rel=0)
+
+
+def test_lesson_itl_matches_the_oracle():
+    for policy in ("static", "continuous"):
+        config = Config().with_values({"engine.policy": policy, "workload.n_requests": 300, "workload.rate": 20})
+        traffic, fast, slow = run_both(config)
+        m = measure(config, traffic, fast)
+        assert m["itl_p50_s"] == lesson_quantile(slow["gaps"], 0.5)
+        assert m["itl_p99_s"] == lesson_quantile(slow["gaps"], 0.99)
+
+
+# Behaviour a planner relies on, on the realistic H100 scenario.
+H100 = {"hardware.preset": "h100-sxm", "model.preset": "llama-3.1-8b", "engine.max_batched_tokens": 8192,
+        "engine.max_batch": 256, "workload.n_requests": 3000}
+
+
+def test_a_small_kv_cache_preempts_and_still_finishes_everything():
+    config = Config().with_values({**H100, "engine.kv_cache_gb": 2.0, "workload.rate": 60,
+                                   "workload.output.dist": "fixed", "workload.output.value": 600})
+    r = simulate(config)
+    assert r.metrics["preemptions"] > 50
+    assert np.isfinite(r.done_s).all() and (r.first_token_s <= r.done_s).all()
+    assert r.metrics["kv_peak_use"] <= 1 and r.metrics["kv_peak_use"] > 0.95
+    roomy = simulate(config.with_values({"engine.kv_cache_gb": 80.0}))  # 256 x 1600 tokens fit
+    assert roomy.metrics["preemptions"] == 0
+
+
+def test_chunked_prefill_lowers_itl_p99():
+    base = {**H100, "workload.prompt.value": 4000, "workload.rate": 6}
+    chunked = simulate(Config().with_values({**base, "engine.max_batched_tokens": 512}))
+    whole = simulate(Config().with_values({**base, "engine.max_batched_tokens": None}))
+    assert chunked.metrics["itl_p99_s"] < 0.7 * whole.metrics["itl_p99_s"]
+
+
+def test_paged_allocation_admits_more_sequences_than_reservation():
+    base = {**H100, "engine.kv_cache_gb": 6.0, "workload.rate": 60}
+    paged = simulate(Config().with_values({**base, "engine.kv_alloc": "paged"}))
+    reserve = simulate(Config().with_values({**base, "engine.kv_alloc": "reserve"}))
+    assert paged.metrics["mean_batch"] > 1.5 * reserve.metrics["mean_batch"]
+    assert reserve.metrics["preemptions"] == 0
+    assert paged.metrics["throughput_tok_s"] > reserve.metrics["throughput_tok_s"]
+
+
+def test_light_load_ttft_approaches_one_prefill():
+    config = Config().with_values({**H100, "workload.rate": 0.05, "workload.n_requests": 200})
+    r = simulate(config)
+    k = cost.coefficients(config)
+    p = config.workload.prompt.value
+    prefill = cost_step = k[0] + max(k[1] + k[2] * p, k[3] * p + k[4] * p * (p + 1) / 2)
+    assert cost_step > k[1] + k[2] * p  # a 1000-token prefill is compute-bound on an H100
+    assert r.metrics["ttft_p50_s"] == pytest.approx(prefill, rel=0.05)
+
+
+@pytest.mark.parametrize("rate", [5, 30, 200])
+def test_throughput_never_exceeds_the_rooflines(rate):
+    config = Config().with_values({**H100, "workload.rate": rate})
+    r = simulate(config)
+    k = cost.coefficients(config)
+    tokens = int(r.prompt_tokens.sum() + r.output_tokens.sum())  # computed at least once each
+    span = r.metrics["span_s"]
+    assert tokens * k[cost.T_TOKEN] <= span  # compute roofline
+    assert r.metrics["steps"] * k[cost.T_WEIGHTS] <= span  # every step reads the weights
+    assert r.metrics["throughput_tok_s"] <= r.metrics["steps"] * config.engine.limit / span

@@ -1,0 +1,45 @@
+"""Presets: they fill the fields a config leaves unset, are listed by `fastsim presets`, and
+work as sweep axes."""
+
+from typer.testing import CliRunner
+
+from fastsim import Config, simulate
+from fastsim.cli import app
+
+
+def test_presets_fill_unset_fields_and_explicit_keys_win():
+    c = Config().with_values({"hardware.preset": "h200", "hardware.mem_gb": 100})
+    assert (c.hardware.mem_bandwidth_tb_s, c.hardware.mem_gb, c.hardware.peak_tflops) == (4.8, 100.0, 989.0)
+    m = Config().with_values({"model.preset": "llama-3.1-70b"}).model
+    assert (m.weight_gb, m.kv_bytes_per_token, m.n_layers, m.hidden) == (141.1, 327680.0, 80, 8192)
+    moe = Config().with_values({"model.preset": "mixtral-8x7b"}).model
+    assert moe.params_b == 12.9 and moe.weight_gb == 93.4  # active parameters, all weights
+    assert Config().with_values({"model.preset": "llama-3.1-8b"}).model.kv_bytes_per_token == 131072  # the lesson's
+
+
+def test_unknown_preset_lists_the_valid_ones(root):
+    result = CliRunner().invoke(app, ["run", str(root / "configs/reference.yaml"), "--set", "hardware.preset=h1000"])
+    assert result.exit_code == 2
+    assert "hardware.preset: unknown hardware preset 'h1000' (valid: h100-sxm, h200, a100-80gb" in result.stderr
+
+
+def test_presets_command_lists_every_preset():
+    result = CliRunner().invoke(app, ["presets"])
+    assert result.exit_code == 0
+    for name in ("h100-sxm", "h200", "a100-80gb", "b200", "l40s", "mi300x", "llama-3.1-8b", "llama-3.1-70b",
+                 "llama-2-7b", "llama-2-70b", "qwen2.5-7b", "mistral-7b", "mixtral-8x7b"):
+        assert name in result.stdout
+
+
+def test_a_preset_axis_sweeps_whole_gpus(tmp_path, root):
+    import fastsim
+
+    path = tmp_path / "gpus.yaml"
+    path.write_text(f"extends: {root / 'configs/h100.yaml'}\nworkload:\n  n_requests: 500\n"
+                    "sweep:\n  hardware.preset: [h100-sxm, h200, b200]\n")
+    ds = fastsim.sweep(fastsim.load_config(path), workers=1)
+    thr = ds.throughput_tok_s.values
+    assert ds.preset.values.tolist() == ["h100-sxm", "h200", "b200"]
+    for i, gpu in enumerate(["h100-sxm", "h200", "b200"]):
+        one = simulate(fastsim.load_config(path, {"hardware.preset": gpu}))
+        assert one.metrics["throughput_tok_s"] == thr[i]

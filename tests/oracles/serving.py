@@ -1,0 +1,224 @@
+"""A deliberately simple pure-Python simulator of DESIGN.md's serving model: the second oracle.
+
+Python lists for the waiting queue and the running batch, per-request token counters, a full
+scan of every scheduled row each step and every token's gap stored. It follows the written rules
+literally (token accounting, running first with preemption of the newest, admission only when
+nobody was preempted, reservations, the shared prefix, the step-time formula) and is slow and
+obviously correct; the fast kernels and metrics must agree with it exactly.
+
+An engine is a :class:`Replica` that requests join; :func:`simulate` feeds one replica its
+arrivals, and the fleet oracle (``oracle_fleet``) feeds several through a router.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass
+class Engine:
+    policy: str  # static | dynamic | continuous
+    limit: int
+    window_s: float  # dynamic only (inf otherwise)
+    budget: float  # tokens per step (inf: unlimited)
+    blocks: int | None  # KV cache blocks (None: unlimited)
+    block_tokens: int
+    alloc: str  # paged | reserve
+    prefix_blocks: int  # pinned by the shared prefix
+    max_output: int  # the longest output the workload can produce
+    k: tuple  # (overhead, t_weights, t_kv, t_token, t_pair, t_link, t_link_token)
+    api_s: float
+
+
+def step_time(k, n_tokens, kv_tokens, pairs):
+    # the same formula and operation order as DESIGN (written out again, not imported)
+    memory = k[1] + k[2] * kv_tokens
+    compute = k[3] * n_tokens + k[4] * pairs
+    return k[0] + max(memory, compute) + (k[5] + k[6] * n_tokens)
+
+
+class Replica:
+    """One engine. ``prompt`` and ``output`` are indexed by request id (a fleet's replicas share
+    them; each request joins one replica). Times are the engine's (no API overhead)."""
+
+    def __init__(self, e: Engine, arrival, prompt, output):
+        self.e, self.arrival, self.prompt, self.output = e, arrival, prompt, output
+        self.g, self.c, self.held = {}, {}, {}  # tokens emitted, tokens whose KV exists, blocks held
+        self.last_emit, self.last_emit_time = {}, {}  # step and time of the last token
+        self.first_token, self.done = {}, {}
+        self.free = None if e.blocks is None else e.blocks - e.prefix_blocks
+        self.now, self.steps, self.busy, self.max_queue, self.preemptions = 0.0, 0, 0, 0, 0
+        self.kv_used, self.gaps = [], []
+        self.waiting: list[int] = []
+        self.running: list[int] = []
+
+    def join(self, i, token_1_at=None):
+        """Request ``i`` joins the queue; with ``token_1_at`` it arrives with its prompt's KV
+        computed and its first token emitted then (a decode replica: c = p, g = 1)."""
+        self.waiting.append(i)
+        self.g[i], self.c[i], self.held[i] = 0, 0, 0
+        self.last_emit[i] = None
+        if token_1_at is not None:
+            self.c[i], self.g[i] = self.prompt[i], 1
+            self.last_emit_time[i] = token_1_at
+
+    def has_work(self):
+        return bool(self.waiting or self.running)
+
+    def outstanding(self):
+        return len(self.waiting) + len(self.running)
+
+    def blocks_in_use(self):
+        return self.e.blocks - self.free
+
+    def _reservation(self, i):
+        e = self.e
+        return math.ceil((self.prompt[i] + e.max_output) / e.block_tokens) - e.prefix_blocks
+
+    def _paged_need(self, i, n_new):  # blocks beyond those held, for c + n_new computed tokens
+        e = self.e
+        return math.ceil((self.c[i] + n_new) / e.block_tokens) - e.prefix_blocks - self.held[i]
+
+    def iterate(self, no_more):
+        """One turn of the engine's loop at ``self.now`` (arrivals already joined): schedule and
+        run a step. ``no_more``: no request will join later (static and dynamic batching).
+        Returns False when nothing could be scheduled (the caller moves time on)."""
+        e, prompt, output, g, c, held = self.e, self.prompt, self.output, self.g, self.c, self.held
+        waiting, running = self.waiting, self.running
+        cached = e.prefix_blocks * e.block_tokens  # tokens every admission starts with
+        rows = []  # (request, c before, n tokens)
+        if e.policy == "continuous":
+            budget = e.budget
+            preempted = False
+            pos = 0
+            while pos < len(running) and budget > 0:
+                i = running[pos]
+                take = min(prompt[i] + g[i] - c[i], budget)
+                if self.free is not None and e.alloc == "paged":
+                    while self._paged_need(i, take) > self.free:
+                        victim = running.pop()  # the newest admission
+                        self.free += held[victim]
+                        held[victim] = 0
+                        c[victim] = 0
+                        waiting.insert(0, victim)
+                        self.preemptions += 1
+                        preempted = True
+                        if victim == i:
+                            break
+                    if i not in running:
+                        break
+                    need = self._paged_need(i, take)
+                    self.free -= need
+                    held[i] += need
+                rows.append((i, c[i], take))
+                budget -= take
+                pos += 1
+            if not preempted:
+                while waiting and len(running) < e.limit and budget > 0:
+                    i = waiting[0]
+                    c[i] = max(c[i], cached)  # a warm prefix, or a prompt whose KV arrived whole
+                    take = min(prompt[i] + g[i] - c[i], budget)
+                    if self.free is not None:
+                        need = self._reservation(i) if e.alloc == "reserve" else self._paged_need(i, take)
+                        if need > self.free:
+                            break  # the head blocks the queue
+                        self.free -= need
+                        held[i] = need
+                    running.append(waiting.pop(0))
+                    rows.append((i, c[i], take))
+                    budget -= take
+        else:
+            if not running and waiting:
+                fit = len(waiting)
+                if self.free is not None:
+                    fit, room = 0, self.free
+                    for i in waiting:
+                        if self._reservation(i) > room:
+                            break
+                        room -= self._reservation(i)
+                        fit += 1
+                take = min(e.limit, len(waiting), fit)
+                full = len(waiting) >= e.limit or fit < min(e.limit, len(waiting))
+                waited = e.policy == "dynamic" and self.now >= self.arrival[waiting[0]] + e.window_s
+                if full or no_more or waited:
+                    self.running, self.waiting = running, waiting = waiting[:take], waiting[take:]
+                    for i in running:
+                        c[i] = cached
+                        if self.free is not None:
+                            held[i] = self._reservation(i)
+                            self.free -= held[i]
+            for i in running:
+                if i not in self.done:
+                    rows.append((i, c[i], prompt[i] + g[i] - c[i]))
+                else:  # padding: the finished row's KV is still read
+                    rows.append((i, prompt[i] + output[i] - 1, 1))
+        self.max_queue = max(self.max_queue, len(waiting))
+        if not rows:
+            return False
+        N = sum(t for _, _, t in rows)
+        C = sum(c0 + t for _, c0, t in rows)
+        A = sum(t * (2 * c0 + t + 1) // 2 for _, c0, t in rows)
+        d = step_time(e.k, N, C, A)
+        self.now += d
+        self.steps += 1
+        now = self.now
+        if self.free is not None:
+            self.kv_used.append(e.blocks - self.free)
+        for i, c0, t in rows:
+            if i in self.done:
+                continue
+            c[i] = c0 + t
+            if c[i] == prompt[i] + g[i]:
+                g[i] += 1
+                self.busy += 1
+                if g[i] > 1:  # every gap between consecutive tokens
+                    self.gaps.append(d if self.last_emit[i] == self.steps - 1 else now - self.last_emit_time[i])
+                self.last_emit[i] = self.steps
+                self.last_emit_time[i] = now
+                if g[i] == 1:
+                    self.first_token[i] = now
+                if g[i] == output[i]:
+                    self.done[i] = now
+                    if e.policy == "continuous":
+                        running.remove(i)
+                        if self.free is not None:
+                            self.free += held[i]
+                            held[i] = 0
+        if e.policy != "continuous" and all(i in self.done for i in running):
+            if self.free is not None:
+                self.free += sum(held[i] for i in running)
+                for i in running:
+                    held[i] = 0
+            self.running = []
+        return True
+
+
+def simulate(arrival, prompt, output, e: Engine):
+    """One engine fed its arrivals. Returns a dict: first_token, done (lists, client times),
+    steps, busy, max_queue, preemptions, kv_used (blocks in use during each step, or None),
+    gaps (every inter-token gap)."""
+    n = len(arrival)
+    rep = Replica(e, arrival, prompt, output)
+    nxt = 0
+    while nxt < n or rep.has_work():
+        while nxt < n and arrival[nxt] <= rep.now:
+            rep.join(nxt)
+            nxt += 1
+        if rep.iterate(no_more=nxt == n):
+            continue
+        if e.policy == "continuous":
+            if not rep.waiting:  # idle: jump to the next arrival
+                rep.now = arrival[nxt]
+            continue  # else a request preempted itself: it is admitted next iteration
+        events = [arrival[nxt]] if nxt < n else []
+        if e.policy == "dynamic" and rep.waiting:
+            events.append(arrival[rep.waiting[0]] + e.window_s)
+        rep.now = max(rep.now, min(events))
+    return result(rep, range(n), e.api_s)
+
+
+def result(rep: Replica, ids, api_s):
+    return dict(first_token=[rep.first_token[i] + api_s for i in ids], done=[rep.done[i] + api_s for i in ids],
+                steps=rep.steps, busy=rep.busy, max_queue=rep.max_queue, preemptions=rep.preemptions,
+                kv_used=rep.kv_used if rep.e.blocks is not None else None, gaps=rep.gaps)

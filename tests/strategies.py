@@ -1,0 +1,151 @@
+"""Test helpers: configs drawn at random (hypothesis) and the oracles' engines built from a
+config with DESIGN.md's formulas written out again."""
+
+import math
+
+from hypothesis import strategies as st
+
+from fastsim import Config
+from fastsim.model.schema import Hardware
+
+from .oracles import fleet as oracle_fleet
+from .oracles import serving as oracle_serving
+
+
+def oracle_engine(c: Config, prefill: bool = False) -> oracle_serving.Engine:
+    """The oracle's engine, with DESIGN.md's formulas written out again (not fastsim's). With
+    ``prefill``, a prefill replica's: ``fleet.prefill_hardware`` (a preset), ``prefill_tp`` and
+    ``prefill_max_batched_tokens`` (default the engine's), every request of output 1; a decode
+    replica (a prefill pool exists, not ``prefill``) pins no prefix."""
+    hw, m, e, cal, w, f = c.hardware, c.model, c.engine, c.calibration, c.workload, c.fleet
+    if prefill:
+        if f.prefill_hardware is not None:
+            hw = Hardware.model_validate({"preset": f.prefill_hardware})
+        e = e.model_copy(update={"tp": f.prefill_tp or e.tp,
+                                 "max_batched_tokens": f.prefill_max_batched_tokens or e.max_batched_tokens})
+    bw = hw.mem_bandwidth_tb_s * 1e12 * cal.bandwidth_efficiency * e.tp
+    k = [cal.step_overhead_ms / 1e3, m.weight_gb * 1e9 / bw, m.kv_bytes_per_token / bw, 0.0, 0.0, 0.0, 0.0]
+    if hw.peak_tflops is not None and m.params_b is not None:
+        flops = hw.peak_tflops * 1e12 * cal.compute_efficiency * e.tp
+        k[3] = 2e9 * m.params_b / flops
+        if m.n_layers is not None and m.attn_dim is not None:
+            k[4] = 4 * m.n_layers * m.attn_dim / flops
+    if e.tp > 1:
+        k[5] = 2 * m.n_layers * hw.link_latency_us * 1e-6
+        k[6] = 2 * m.n_layers * 2 * (e.tp - 1) / e.tp * m.hidden * 2 / (hw.link_gb_s * 1e9)
+    gb = e.kv_cache_gb if e.kv_cache_gb is not None else (
+        None if hw.mem_gb is None else e.tp * (hw.mem_gb * e.gpu_memory_utilization - e.reserved_gb) - m.weight_gb)
+    blocks = None if gb is None else math.floor(gb * 1e9 / (e.block_tokens * m.kv_bytes_per_token))
+    return oracle_serving.Engine(
+        policy=e.policy, limit=e.limit, window_s=e.window_ms / 1000 if e.policy == "dynamic" else math.inf,
+        budget=math.inf if e.max_batched_tokens is None else e.max_batched_tokens, blocks=blocks,
+        block_tokens=e.block_tokens, alloc=e.kv_alloc,
+        prefix_blocks=0 if f.prefill_replicas and not prefill else w.prefix_tokens // e.block_tokens,
+        max_output=1 if prefill else (w.output.value if w.output.dist == "fixed" else w.output.max), k=tuple(k),
+        api_s=cal.api_overhead_ms / 1000,
+    )
+
+
+@st.composite
+def serving_configs(draw) -> Config:
+    policy = draw(st.sampled_from(["static", "dynamic", "continuous"]))
+    max_batch = draw(st.integers(1, 8))
+    prompt = draw(st.integers(1, 300))
+    o_max = draw(st.integers(1, 40))
+    bt = draw(st.sampled_from([1, 2, 4, 16]))
+    v = {
+        "engine.policy": policy,
+        "engine.max_batch": max_batch,
+        "engine.max_concurrent": draw(st.none() | st.integers(1, 8)),
+        "engine.window_ms": draw(st.sampled_from([0.0, 1.0, 50.0])),
+        "engine.block_tokens": bt,
+        "engine.kv_alloc": draw(st.sampled_from(["paged", "reserve"])),
+        "workload.n_requests": draw(st.integers(1, 50)),
+        "workload.rate": draw(st.floats(1.0, 3000.0)),
+        "workload.seed": draw(st.integers(0, 2**32)),
+        "workload.rng": draw(st.sampled_from(["stdlib", "numpy"])),
+        "workload.prompt.value": prompt,
+        "workload.output.dist": draw(st.sampled_from(["lognormal", "fixed"])),
+        "workload.output.mu": draw(st.floats(0.0, 3.5)),
+        "workload.output.max": o_max,
+        "workload.output.value": draw(st.integers(1, o_max)),
+        "hardware.peak_tflops": draw(st.sampled_from([None, 1.0, 50.0, 989.0])),
+        "model.params_b": draw(st.sampled_from([None, 8.0, 70.0])),
+        "model.n_layers": 32,
+        "model.attn_dim": 4096,
+        "model.hidden": 4096,
+        "engine.tp": draw(st.sampled_from([1, 1, 2, 4])),
+        "hardware.link_gb_s": 450.0,
+        "hardware.link_latency_us": draw(st.sampled_from([0.0, 5.0])),
+        "calibration.step_overhead_ms": draw(st.sampled_from([0.0, 0.0, 1.5])),
+        "calibration.api_overhead_ms": draw(st.sampled_from([0.0, 0.0, 20.0])),
+        "calibration.compute_efficiency": draw(st.sampled_from([1.0, 0.5])),
+        "calibration.bandwidth_efficiency": draw(st.sampled_from([1.0, 0.8])),
+    }
+    if v["workload.rng"] == "numpy":  # prompts from a distribution, other arrival processes
+        v["workload.arrival"] = draw(st.sampled_from(["poisson", "gamma", "constant"]))
+        v["workload.burstiness"] = draw(st.sampled_from([0.2, 1.0, 5.0]))
+        v["workload.output.dist"] = draw(st.sampled_from(["fixed", "lognormal", "uniform"]))
+        v["workload.prompt.dist"] = draw(st.sampled_from(["fixed", "lognormal", "uniform"]))
+        v["workload.prompt.mu"] = draw(st.floats(2.0, 5.5))
+        v["workload.prompt.min"] = draw(st.integers(1, prompt))
+        v["workload.prompt.max"] = prompt
+    limit = max_batch if v["engine.max_concurrent"] is None else min(max_batch, v["engine.max_concurrent"])
+    if draw(st.booleans()):
+        v["engine.max_batched_tokens"] = draw(st.integers(limit, 400))
+    if draw(st.integers(0, 9)) < 7:  # a KV cache from just enough for the longest request to 3x
+        tokens = draw(st.integers(prompt + o_max, 3 * (prompt + o_max)))
+        v["engine.kv_cache_gb"] = math.ceil(tokens / bt) * bt * 131072 / 1e9 * (1 + 1e-12)
+    if draw(st.booleans()):
+        shortest = v.get("workload.prompt.min", prompt) if v.get("workload.prompt.dist", "fixed") != "fixed" else prompt
+        v["workload.prefix_tokens"] = draw(st.integers(0, max(0, shortest - 1)))
+    return Config().with_values(v)
+
+
+
+
+@st.composite
+def fleet_configs(draw) -> Config:
+    """A serving config (:func:`serving_configs`) behind a random fleet: replicas, router (static
+    ones for static and dynamic batching), and for continuous batching maybe a prefill pool with
+    its own tp, hardware, budget and a fast or slow KV link."""
+    base = draw(serving_configs())
+    continuous = draw(st.integers(0, 3)) > 0 or base.engine.policy == "continuous"
+    routers = ["round_robin", "random", "least_outstanding", "least_kv"] if continuous else ["round_robin", "random"]
+    replicas = draw(st.integers(1, 4))
+    v = {"fleet.replicas": replicas, "fleet.router": draw(st.sampled_from(routers)),
+         "workload.rate": base.workload.rate * replicas}  # each replica as loaded as one engine
+    if continuous:
+        v["engine.policy"] = "continuous"
+        if draw(st.integers(0, 2)) == 0:  # short prompts, long outputs, a cache for one or two: preemption
+            prompt, output, bt = draw(st.integers(1, 24)), draw(st.integers(8, 40)), base.engine.block_tokens
+            tokens = (prompt + output) * draw(st.sampled_from([1, 2]))
+            v.update({"workload.prompt.dist": "fixed", "workload.prompt.value": prompt, "workload.prefix_tokens": 0,
+                      "workload.output.dist": "fixed", "workload.output.value": output, "workload.output.max": output,
+                      "engine.kv_alloc": "paged", "workload.rate": 3000.0, "engine.max_batch": draw(st.integers(2, 8)),
+                      "engine.max_concurrent": None, "engine.max_batched_tokens": None,
+                      "engine.kv_cache_gb": math.ceil(tokens / bt) * bt * 131072 / 1e9 * (1 + 1e-12)})
+    if continuous and draw(st.booleans()):
+        v["fleet.prefill_replicas"] = draw(st.integers(1, 3))
+        v["fleet.prefill_tp"] = draw(st.sampled_from([None, 1, 2]))
+        v["fleet.prefill_hardware"] = draw(st.sampled_from([None, "h100-sxm", "b200", "l40s"]))
+        if draw(st.booleans()):
+            v["fleet.prefill_max_batched_tokens"] = draw(st.integers(base.engine.limit, 600))
+        v["fleet.kv_link_gb_s"] = draw(st.sampled_from([50.0, 0.05]))
+        v["fleet.kv_link_latency_ms"] = draw(st.sampled_from([0.0, 2.0]))
+    return base.with_values(v)
+
+
+def fleet_oracle(config: Config, traffic, routes=None, prefill_routes=None) -> dict:
+    """The fleet oracle on ``traffic``, its engines built from ``config`` (the random router's
+    draws come with the traffic: they are the simulator's input, like arrivals)."""
+    f = config.fleet
+    fleet = oracle_fleet.Fleet(
+        replicas=f.replicas, router=f.router, prefill_replicas=f.prefill_replicas,
+        prefill=oracle_engine(config, prefill=True) if f.prefill_replicas else None,
+        link_latency_s=f.kv_link_latency_ms * 1e-3, link_bytes_per_s=f.kv_link_gb_s * 1e9,
+        kv_bytes_per_token=config.model.kv_bytes_per_token)
+    return oracle_fleet.simulate_fleet(traffic.arrival_s.tolist(), traffic.prompt_tokens.tolist(),
+                                       traffic.output_tokens.tolist(), oracle_engine(config), fleet,
+                                       None if routes is None else routes.tolist(),
+                                       None if prefill_routes is None else prefill_routes.tolist())

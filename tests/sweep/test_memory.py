@@ -1,0 +1,93 @@
+"""Memory: oversized runs are refused before anything is allocated, with the key and the figures."""
+
+import tracemalloc
+
+import pytest
+from typer.testing import CliRunner
+
+from fastsim import Config, ConfigError, simulate
+from fastsim.sweep import memory
+from fastsim.cli import app
+
+
+def one_line(result):
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr  # no traceback
+    return lines[0]
+
+
+def test_a_billion_requests_is_refused_with_the_key_and_the_estimate(root, monkeypatch):
+    monkeypatch.setattr(memory, "available_bytes", lambda: 21_000_000_000)
+    result = CliRunner().invoke(app, ["run", str(root / "configs/h100.yaml"), "--set", "workload.n_requests=1e9"])
+    assert one_line(result) == "error: workload.n_requests: 1,000,000,000 requests need ~256 GB, 21 GB available"
+
+
+def test_max_memory_option(root):
+    cfg = str(root / "configs/h100.yaml")
+    small = one_line(CliRunner().invoke(app, ["run", cfg, "--max-memory", "1MB"]))
+    assert small.startswith("error: workload.n_requests: 20,000 requests need ~") and "allowed" in small
+    assert CliRunner().invoke(app, ["run", cfg, "--max-memory", "1GiB", "--json"]).exit_code == 0
+    assert "--max-memory" in one_line(CliRunner().invoke(app, ["run", cfg, "--max-memory", "lots"]))
+
+
+def test_sweep_refusal_counts_workers_and_the_table(root, tmp_path):
+    cfg = str(root / "configs/h100.yaml")
+    out = tmp_path / "x.nc"
+    line = one_line(CliRunner().invoke(app, ["sweep", cfg, "--workers", "2", "--max-memory", "4MB", "--out", str(out)]))
+    assert "20,000 requests a point on 2 workers need ~" in line
+    big_grid = ["--set", "workload.n_requests=1", "--set", f"sweep.workload.seed=[{','.join(map(str, range(30000)))}]"]
+    line = one_line(CliRunner().invoke(app, ["sweep", cfg, *big_grid, "--max-memory", "8MB", "--out", str(out)]))
+    assert line.startswith("error: sweep: 2,970,000 points need ~")  # 99 x 30,000
+    assert not list(tmp_path.iterdir())
+
+
+def test_longest_output_does_not_drive_memory():
+    base = Config()
+    huge = base.with_values({"workload.output.dist": "fixed", "workload.output.value": 10**9})
+    assert memory.run_bytes(huge) == memory.run_bytes(base)
+    memory.check(huge)  # would need 8 GB if the calendar were sized by the longest output
+
+
+def test_estimate_bounds_the_measured_peak():
+    config = Config().with_values({"workload.n_requests": 200_000, "workload.rate": 40})
+    serving = {"hardware.preset": "h100-sxm", "model.preset": "llama-3.1-8b", "engine.max_batched_tokens": 8192}
+    cases = [{"engine.policy": p} for p in ("static", "continuous")] + [{**serving, "engine.policy": "continuous"}]
+    for case in cases:  # compile outside the measurement
+        simulate(config.with_values({**case, "workload.n_requests": 10}))
+    for policy in cases:
+        tracemalloc.start()
+        simulate(config.with_values(policy))
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        assert peak <= memory.run_bytes(config), (policy, peak / 200_000)
+
+
+def test_memory_error_is_one_line(root, monkeypatch):
+    from fastsim import api
+
+    def boom(config):
+        raise MemoryError
+
+    monkeypatch.setattr(api, "simulate", boom)
+    line = one_line(CliRunner().invoke(app, ["run", str(root / "configs/reference.yaml")]))
+    assert line.startswith("error: out of memory")
+
+
+@pytest.mark.parametrize("text,size", [("8GB", 8e9), ("500M", 5e8), ("16GiB", 16 * 2**30), ("2e9", 2e9), ("1kb", 1e3)])
+def test_parse_size(text, size):
+    assert memory.parse_size(text) == size
+
+
+def test_parse_size_rejects_nonsense():
+    for text in ("", "GB", "-1GB", "0", "8XB"):
+        with pytest.raises(ConfigError, match="--max-memory"):
+            memory.parse_size(text)
+
+
+def test_capacity_checks_the_largest_point_of_its_grid(root, tmp_path):
+    line = one_line(CliRunner().invoke(app, ["capacity", str(root / "configs/h100.yaml"), "--quiet", "--workers", "1",
+                                             "--set", "sweep.workload.n_requests=[1000, 1e9]", "--max-memory", "1GB",
+                                             "--out", str(tmp_path / "c.nc")]))
+    assert line.startswith("error: workload.n_requests: 1,000,000,000 requests need ~256 GB")
+    assert not list(tmp_path.iterdir())

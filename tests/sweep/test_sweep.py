@@ -1,0 +1,217 @@
+"""Sweeps: labelled output, agreement with single runs, determinism across workers and Dask,
+crash safety and resume, summaries."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import xarray as xr
+from typer.testing import CliRunner
+
+import fastsim
+from fastsim import load_config
+from fastsim.api import checkpoint_path
+from fastsim.cli import app
+from fastsim.analysis.metrics import METRICS
+from fastsim.sweep.summary import mean_ci
+
+
+def h100_study(path, root, body):
+    """Write a study at ``path`` that extends configs/h100.yaml with ``body``."""
+    path.write_text(f"extends: {root / 'configs/h100.yaml'}\n{body}")
+    return path
+
+
+@pytest.fixture
+def small(tmp_path, root):
+    """h100 with a small grid: 3 policies x 2 batch sizes x 2 rates x 2 caps = 24 points."""
+    return h100_study(
+        tmp_path / "small.yaml",
+        root,
+        "workload:\n  n_requests: 2000\n"
+        "sweep:\n  engine.policy: [static, dynamic, continuous]\n  engine.max_batch: [16, 64]\n"
+        "  workload.rate: [8, 40]\n  engine.max_concurrent: [null, 8]\n",
+    )
+
+
+def sweep_cli(*args):
+    return CliRunner().invoke(app, ["sweep", *map(str, args), "--quiet"])
+
+
+def test_dataset_is_labelled(small, tmp_path):
+    out = tmp_path / "res.nc"
+    result = sweep_cli(small, "--workers", "1", "--out", out)
+    assert result.exit_code == 0, result.output
+    with xr.open_dataset(out) as ds:
+        assert list(ds.throughput_tok_s.dims) == ["policy", "max_batch", "rate", "max_concurrent"]
+        assert list(ds.data_vars) == list(METRICS)
+        for name, (units, long_name) in METRICS.items():
+            assert ds[name].attrs == {"units": units, "long_name": long_name}
+        assert ds.rate.attrs["units"] == "requests/s"
+        assert ds.policy.values.tolist() == ["static", "dynamic", "continuous"]
+        assert np.isnan(ds.max_concurrent.values[0]) and ds.max_concurrent.values[1] == 8
+        assert ds.steps.dtype == np.int64
+        assert load_config(small).model_dump() == fastsim.Config.model_validate(
+            __import__("yaml").safe_load(ds.attrs["config"])).model_dump()
+        assert ds.attrs["fastsim_version"] == fastsim.__version__ and "numba_version" in ds.attrs
+        ds.throughput_tok_s.sel(policy="continuous", max_batch=64, max_concurrent=8, rate=40)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["res.nc", "small.yaml"]  # nothing else left
+
+
+def test_every_point_equals_fastsim_run(small, tmp_path):
+    ds = fastsim.sweep(load_config(small), workers=1)
+    for policy, batch, rate, cap in [("static", 16, 8, None), ("continuous", 64, 40, 8), ("dynamic", 64, 40, None)]:
+        args = ["run", str(small), "--json", "--set", f"engine.policy={policy}", "--set", f"engine.max_batch={batch}",
+                "--set", f"workload.rate={rate}", "--set", f"engine.max_concurrent={'null' if cap is None else cap}"]
+        got = json.loads(CliRunner().invoke(app, args).stdout)
+        point = ds.sel(policy=policy, max_batch=batch, rate=rate).isel(max_concurrent=0 if cap is None else 1)
+        values = {k: point[k].item() for k in METRICS}
+        assert {k: None if v != v else v for k, v in values.items()} == got  # NaN is null in JSON
+
+
+def test_identical_across_workers_and_dask(small):
+    from distributed import LocalCluster
+
+    config = load_config(small)
+    one = fastsim.sweep(config, workers=1)
+    two = fastsim.sweep(config, workers=2)
+    xr.testing.assert_identical(one, two)
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+        on_dask = fastsim.sweep(config, scheduler=cluster.scheduler_address)
+    xr.testing.assert_identical(one, on_dask)
+
+
+def test_cli_local_dask_cluster(small, tmp_path):
+    ref = fastsim.sweep(load_config(small), workers=1)
+    out = tmp_path / "dask.nc"
+    result = sweep_cli(small, "--scheduler", "local", "--workers", "2", "--out", out)
+    assert result.exit_code == 0, result.output
+    with xr.open_dataset(out) as ds:
+        xr.testing.assert_equal(ds.load().drop_vars(list(ds.coords)), ref.drop_vars(list(ref.coords)))
+
+
+def test_unreachable_scheduler_exits_2(small, tmp_path):
+    result = sweep_cli(small, "--scheduler", "tcp://127.0.0.1:1", "--out", tmp_path / "x.nc")
+    assert result.exit_code == 2 and "cannot reach a Dask scheduler" in result.stderr
+
+
+@pytest.fixture
+def slow(tmp_path, root):
+    """40 points of 200,000 requests: several seconds, so a sweep can be stopped part-way."""
+    return h100_study(
+        tmp_path / "slow.yaml",
+        root,
+        "workload:\n  n_requests: 200000\n"
+        "sweep:\n  engine.policy: [static, continuous]\n  workload.rate: [4, 8, 16, 32, 64]\n"
+        "  engine.max_batch: [32, 64, 128, 256]\n",
+    )
+
+
+RECORD = 8 + 8 * len(METRICS)
+HEADER = 21 + 32 + 16
+
+
+def start_and_stop(config, out, workers, sig):
+    """Start a sweep in its own process group; once a point is recorded, send ``sig`` to the
+    group (as a terminal's Ctrl-C does). Returns (exit code, stderr, points recorded)."""
+    partial = checkpoint_path(out)
+    cmd = [sys.executable, "-m", "fastsim", "sweep", str(config), "--out", str(out), "--workers", str(workers), "--quiet"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if partial.exists() and partial.stat().st_size >= HEADER + RECORD:
+            break
+        assert proc.poll() is None, proc.stderr.read()
+        time.sleep(0.01)
+    os.killpg(proc.pid, sig)
+    _, stderr = proc.communicate(timeout=60)
+    return proc.returncode, stderr, (partial.stat().st_size - HEADER) // RECORD
+
+
+def test_sigkill_then_resume_gives_the_identical_dataset(slow, tmp_path):
+    out = tmp_path / "out.nc"
+    code, _, done = start_and_stop(slow, out, 1, signal.SIGKILL)
+    assert code == -signal.SIGKILL and 0 < done < 40, done
+    assert not out.exists()
+    with open(checkpoint_path(out), "ab") as f:  # as if the kill had torn a write
+        f.write(b"\x01\x02\x03")
+    refused = sweep_cli(slow, "--out", out, "--workers", "1")
+    assert refused.exit_code == 2 and "--resume" in refused.stderr
+    resumed = sweep_cli(slow, "--out", out, "--workers", "2", "--resume")
+    assert resumed.exit_code == 0, resumed.output
+    assert not checkpoint_path(out).exists()
+    with xr.open_dataset(out) as got:
+        xr.testing.assert_identical(got.load(), fastsim.sweep(load_config(slow), workers=2))
+
+
+def test_ctrl_c_stops_cleanly_and_keeps_progress(slow, tmp_path):
+    out = tmp_path / "out.nc"
+    code, stderr, done = start_and_stop(slow, out, 2, signal.SIGINT)
+    assert code == 130 and done > 0
+    assert stderr.strip().splitlines() == [
+        f"error: interrupted; finished points are kept in {checkpoint_path(out)}: rerun with --resume"
+    ]  # and no traceback from the workers
+    assert not out.exists()
+
+
+def test_resume_refuses_a_different_sweep(small, tmp_path):
+    out = tmp_path / "o.nc"
+    from fastsim.sweep.checkpoint import Checkpoint
+
+    log = Checkpoint(checkpoint_path(out), load_config(small), 24, list(METRICS))
+    log.open(resume=False)
+    log.close()
+    result = sweep_cli(small, "--out", out, "--resume", "--set", "workload.seed=8")
+    assert result.exit_code == 2 and "checkpoint of a different run" in result.stderr
+
+
+def test_bad_axis_value_is_named_before_anything_runs(small, tmp_path):
+    result = sweep_cli(small, "--set", "sweep.workload.rate=[8, -1]", "--out", tmp_path / "x.nc")
+    assert result.exit_code == 2
+    assert "sweep axis 'workload.rate', value -1: workload.rate:" in result.stderr
+    bad_combo = sweep_cli(small, "--set", "sweep.workload.output.min=[1, 500]", "--set",
+                          "workload.output.max=100", "--out", tmp_path / "x.nc")
+    assert bad_combo.exit_code == 2 and "min (500) must not exceed max (100)" in bad_combo.stderr
+    assert not list(tmp_path.glob("x.nc*"))
+
+
+def test_seed_axis_summary_has_confidence_intervals(tmp_path, root):
+    path = h100_study(tmp_path / "seeds.yaml", root, "workload:\n  n_requests: 1000\n"
+                      "sweep:\n  engine.policy: [static, continuous]\n  workload.seed: [1, 2, 3, 4]\n")
+    out = tmp_path / "s.nc"
+    result = sweep_cli(path, "--workers", "1", "--out", out)
+    assert result.exit_code == 0, result.output
+    assert "mean ± 95% CI over 4 seeds" in result.stdout
+    with xr.open_dataset(out) as ds:
+        assert ds.sizes["seed"] == 4
+        thr = ds.throughput_tok_s.sel(policy="continuous").values
+    mean, half = mean_ci(thr)
+    assert f"{mean:.0f} ± {half:.0f}" in result.stdout
+    assert mean_ci(np.array([1.0, 3.0])) == (2.0, pytest.approx(12.706 * np.sqrt(2) / np.sqrt(2)))
+
+
+def test_large_grid_gets_a_compact_summary(root, tmp_path):
+    result = sweep_cli(root / "configs/h100.yaml", "--set", "workload.n_requests=300", "--workers", "2",
+                       "--set", "sweep.engine.policy=[static, dynamic, continuous]", "--set", "sweep.workload.rate=[8, 40]",
+                       "--out", tmp_path / "h.nc")
+    assert result.exit_code == 0, result.output
+    assert "54 grid points: best throughput per policy" in result.stdout
+    assert sum(line.startswith((" static", " dynamic", " continuous")) for line in result.stdout.splitlines()) == 3
+
+
+def test_load_sweep_summary_names_the_highest_sustained_rate(root, tmp_path):
+    result = sweep_cli(root / "configs/h100.yaml", "--set", "workload.n_requests=2000", "--out", tmp_path / "h.nc")
+    assert result.exit_code == 0, result.output
+    assert "99 grid points: per setting, the highest rate it sustains (TTFT p50 <= 1 s" in result.stdout
+    rows = [line.split() for line in result.stdout.splitlines() if line.startswith((" 64 ", " 256 ", " 1024 "))]
+    assert len(rows) == 9
+    with xr.open_dataset(tmp_path / "h.nc") as ds:
+        for max_batch, budget, rate, *_ in rows:
+            point = ds.sel(max_batch=int(max_batch), max_batched_tokens=int(budget))
+            ok = point.rate.values[point.ttft_p50_s.values <= 1.0]
+            assert rate.rstrip("+") == f"{ok.max():g}"
