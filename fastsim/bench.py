@@ -15,15 +15,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from .analysis.simulation import measure
-from .engine import kernels
+from .engine import fleet, kernels
 from .engine.traffic import generate
 from .model.schema import Config
 
 
 @dataclass(frozen=True)
 class BenchRow:
-    model: str  # lesson | serving (configs/h100.yaml)
-    policy: str
+    model: str  # lesson | serving (configs/h100.yaml) | a fleet of it
+    policy: str  # the batching policy, or a fleet's router
     rate: float
     n_requests: int
     first_call_s: float  # JIT compile or cache load, on a tiny input
@@ -81,6 +81,13 @@ SERVING = {
     "slo.tpot_s": 0.05,
 }
 SERVING_RATES = (4.0, 40.0)  # light load, and near saturation (~41/s)
+# Fleets of it: 8 GPUs at 12 requests/s each, as 8 replicas behind two routers or as 2 prefill + 6 decode.
+FLEET_RATE = 96.0
+FLEETS = (
+    ("fleet (8 x h100)", {"fleet.replicas": 8}),
+    ("fleet (8 x h100)", {"fleet.replicas": 8, "fleet.router": "least_outstanding"}),
+    ("fleet (2P + 6D h100)", {"fleet.replicas": 6, "fleet.prefill_replicas": 2}),
+)
 
 
 def _case(model: str, config: Config, repeats: int, n_requests: int, rows: list, traffic_cache: dict) -> None:
@@ -91,13 +98,15 @@ def _case(model: str, config: Config, repeats: int, n_requests: int, rows: list,
         traffic_cache[key] = _best_of(repeats, lambda: generate(workload))
     traffic_s, traffic = traffic_cache[key]
     tiny = generate(workload.model_copy(update={"n_requests": 10}))
-    first_call_s, _ = _best_of(1, lambda: kernels.run(config, tiny))
+    first_call_s, _ = _best_of(1, lambda: fleet.run(config, tiny))
     scratch = kernels.Scratch()  # as fastsim.simulate keeps one per thread
-    kernel_s, out = _best_of(repeats, lambda: kernels.run(config, traffic, scratch=scratch))
+    kernel_s, out = _best_of(repeats, lambda: fleet.run(config, traffic, scratch))
     _check(config, out, traffic.output_tokens, traffic.arrival_s)
     metrics_s, _ = _best_of(repeats, lambda: measure(config, traffic, out))
-    rows.append(BenchRow(model, config.engine.policy, workload.rate, n_requests, first_call_s, traffic_s, kernel_s,
-                         metrics_s, out.steps))
+    f = config.fleet
+    label = config.engine.policy if f.replicas == 1 and not f.prefill_replicas else f.router
+    rows.append(BenchRow(model, label, workload.rate, n_requests, first_call_s, traffic_s, kernel_s, metrics_s,
+                         out.steps))
 
 
 def bench(
@@ -106,10 +115,12 @@ def bench(
     policies: tuple[str, ...] = tuple(kernels.POLICIES),
     repeats: int = 5,
     serving_rates: tuple[float, ...] = SERVING_RATES,
+    fleets: bool = True,
 ) -> list[BenchRow]:
     """Time every policy at every rate on the lesson's model, then continuous batching on the
-    serving model (configs/h100.yaml's scenario); raises :class:`BenchCheckFailed` on a wrong
-    result. Each stage (traffic, kernel, metrics) is timed ``repeats`` times, the fastest kept.
+    serving model (configs/h100.yaml's scenario), then fleets of it (:data:`FLEETS`); raises
+    :class:`BenchCheckFailed` on a wrong result. Each stage (traffic, simulation, metrics) is
+    timed ``repeats`` times, the fastest kept.
     """
     rows: list[BenchRow] = []
     cache: dict = {}
@@ -120,6 +131,11 @@ def bench(
     for rate in serving_rates:
         config = Config().with_values({**SERVING, "workload.rate": rate, "workload.n_requests": n_requests})
         _case("serving (h100)", config, repeats, n_requests, rows, cache)
+    if fleets:
+        for model, values in FLEETS:
+            config = Config().with_values({**SERVING, **values, "workload.rate": FLEET_RATE,
+                                           "workload.n_requests": n_requests})
+            _case(model, config, repeats, n_requests, rows, cache)
     return rows
 
 

@@ -127,11 +127,9 @@ def run(
         clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in result.metrics.items()}
         typer.echo(json.dumps(clean))
         return
-    e, w = cfg.engine, cfg.workload
-    title = (
-        f"{e.policy} batching, max_batch {e.max_batch}, limit {e.limit}: "
-        f"{w.n_requests} requests at {w.rate:g}/s ({w.rng} traffic, seed {w.seed})"
-    )
+    from .sweep.summary import describe
+
+    title = describe(cfg, result.arrival_s.size)
     rows = [[k, f"{v:.6g}", METRICS[k][0]] for k, v in result.metrics.items()]
     _print_table(title, ["metric", "value", "units"], rows)
 
@@ -345,7 +343,7 @@ def bench(
         raise _fail(f"results failed their check: {exc}", 1) from None
     _print_table(
         f"fastsim bench: {n:,} requests, one core, pid {os.getpid()}",
-        ["model", "policy", "rate/s", "steps/req", "first call", "kernel", "kernel req/s", "end-to-end req/s"],
+        ["model", "policy/router", "rate/s", "steps/req", "first call", "kernel", "kernel req/s", "end-to-end req/s"],
         [
             [
                 r.model,
@@ -379,14 +377,18 @@ def bench(
 @app.command()
 def presets() -> None:
     """List the hardware and model presets with the values they fill."""
-    from .model.presets import HARDWARE, MODEL_SHAPES, MODELS
+    from .model.presets import HARDWARE, MODEL_SHAPES, MODELS, PRICE_SOURCES
 
-    hw_fields = ["peak_tflops", "mem_bandwidth_tb_s", "mem_gb", "link_gb_s", "link_latency_us"]
+    hw_fields = ["peak_tflops", "mem_bandwidth_tb_s", "mem_gb", "link_gb_s", "link_latency_us", "usd_per_gpu_hour"]
     _print_table(
-        "hardware.preset (dense BF16 TFLOP/s, HBM TB/s, GB, link GB/s per direction, all-reduce latency us)",
+        "hardware.preset (dense BF16 TFLOP/s, HBM TB/s, GB, link GB/s per direction, all-reduce latency us, "
+        "on-demand USD per GPU-hour)",
         ["preset", *hw_fields],
         [[name, *(f"{values[f]:g}" for f in hw_fields)] for name, values in HARDWARE.items()],
     )
+    out.print("prices (hardware.usd_per_gpu_hour overrides them):")
+    for name, source in PRICE_SOURCES.items():
+        out.print(f"  {name}: {source}", soft_wrap=True)
     out.print()
     model_fields = ["weight_gb", "kv_bytes_per_token", "params_b", "n_layers", "attn_dim", "hidden"]
     _print_table(

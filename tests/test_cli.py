@@ -1,6 +1,7 @@
 """`fastsim run` and `fastsim bench` end to end, including the installed console script."""
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -64,7 +65,9 @@ def test_bench_runs_and_checks():
     lines = result.stdout.splitlines()
     for policy in ("static", "dynamic", "continuous"):
         assert sum(line.split()[:2] == ["lesson", policy] for line in lines) == 2  # both rates
-    assert sum(line.startswith(" serving (h100)  continuous") for line in lines) == 2
+    assert sum(line.split()[:3] == ["serving", "(h100)", "continuous"] for line in lines) == 2
+    routers = [re.search(r"\) +(\w+)", line)[1] for line in lines if line.startswith(" fleet (")]
+    assert routers == ["round_robin", "least_outstanding", "round_robin"]  # 8 replicas twice, then 2P + 6D
     assert "first call" in result.stdout and "sweep overhead: 400 points" in result.stdout
 
 
@@ -75,6 +78,14 @@ def test_bench_serving_scenario_is_configs_h100(root):
     assert Config().with_values(SERVING).model_dump() == h100.with_values(
         {"workload.n_requests": 3000, "workload.rate": 8, "workload.seed": 7}).model_copy(
         update={"sweep": {}, "description": ""}).model_dump()
+
+
+def test_run_prints_a_trace_fleet(root):
+    result = CliRunner().invoke(app, ["run", str(root / "configs/azure-conv.yaml"), "--set", "fleet.replicas=2",
+                                      "--set", "workload.n_requests=400"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("continuous batching, max_batch 256, limit 256; 2 replicas (round_robin): "
+                                    "400 requests of AzureLLMInferenceTrace_conv.csv, as recorded")
 
 
 def test_console_script_installed(root):

@@ -10,12 +10,14 @@ the mean across seeds with the half-width of its 95 % confidence interval (Stude
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..analysis.capacity import STATUSES, binding_of
 from ..analysis.metrics import METRICS
+from ..model.schema import Config
 from .grid import Grid
 
 METRIC_INDEX = {name: k for k, name in enumerate(METRICS)}
@@ -39,15 +41,26 @@ COLUMNS = [
 OPTIONAL_COLUMNS = [
     ("preemptions", "preempt", 1, "{:.0f}"),
     ("kv_peak_use", "KV peak", 100, "{:.0f}%"),
+    ("slo_attainment", "SLO met", 100, "{:.1f}%"),
+    ("gpus", "GPUs", 1, "{:.0f}"),
+    ("usd_per_mtok", "$/Mtok", 1, "{:.2f}"),
 ]
 
 
 def columns(table: np.ndarray) -> list[tuple]:
-    """The summary's metric columns for a metrics table (the last axis indexes METRICS)."""
-    preemptions = table[..., METRIC_INDEX["preemptions"]]
-    kv = table[..., METRIC_INDEX["kv_peak_use"]]
-    shown = {"preemptions": bool((preemptions > 0).any()), "kv_peak_use": bool(np.isfinite(kv).any())}
+    """The summary's metric columns for a metrics table (the last axis indexes METRICS): the
+    optional ones where some point has them (preemptions, a limited KV cache, an SLO, a price),
+    GPUs where they vary."""
+    def column(name: str) -> np.ndarray:
+        return table[..., METRIC_INDEX[name]]
+
+    gpus = column("gpus")
+    shown = {"preemptions": bool((column("preemptions") > 0).any()),
+             "gpus": bool(np.nanmax(gpus) > np.nanmin(gpus)) if np.isfinite(gpus).any() else False}
+    for name in ("kv_peak_use", "slo_attainment", "usd_per_mtok"):
+        shown[name] = bool(np.isfinite(column(name)).any())
     return COLUMNS + [c for c in OPTIONAL_COLUMNS if shown[c[0]]]
+
 
 # Two-sided 95 % Student t quantiles for 1..30 degrees of freedom; beyond, the normal 1.96.
 _T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
@@ -77,6 +90,22 @@ def _cell(samples: np.ndarray, column: tuple) -> str:
         return fmt.format(float(values[0]))
     mean, half = mean_ci(values)
     return fmt.format(mean) if math.isnan(half) else f"{fmt.format(mean)} ± {fmt.format(half)}"
+
+
+def describe(config: Config, n_requests: int) -> str:
+    """One line naming a run's engine, fleet and traffic."""
+    e, w, f = config.engine, config.workload, config.fleet
+    engine = f"{e.policy} batching, max_batch {e.max_batch}, limit {e.limit}"
+    if f.replicas > 1 or f.prefill_replicas:
+        pool = f"{f.prefill_replicas} prefill + {f.replicas} decode replicas" if f.prefill_replicas else (
+            f"{f.replicas} replicas")
+        engine += f"; {pool} ({f.router})"
+    if w.trace is not None:
+        rate = "as recorded" if w.rate is None else f"rescaled to {w.rate:g}/s"
+        traffic = f"{n_requests:,} requests of {Path(w.trace).name}, {rate}"
+    else:
+        traffic = f"{n_requests:,} requests at {w.rate:g}/s ({w.rng} traffic, seed {w.seed})"
+    return f"{engine}: {traffic}"
 
 
 def _label(value: Any) -> str:
