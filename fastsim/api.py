@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from .analysis.capacity import RATE, CapacitySearch
+from .analysis.plan import MAX_REPLICAS, REPLICAS, PlanSearch
 from .analysis.simulation import Result, simulate
 from .analysis.targets import Target
 from .engine import checks
@@ -23,7 +24,8 @@ from .sweep.runner import Task, run_grid
 if TYPE_CHECKING:
     import xarray as xr
 
-__all__ = ["Result", "capacity_to_file", "checkpoint_path", "load_config", "simulate", "sweep", "sweep_to_file"]
+__all__ = ["Result", "capacity_to_file", "checkpoint_path", "load_config", "plan_to_file", "simulate", "sweep",
+           "sweep_to_file"]
 
 
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Config:
@@ -131,5 +133,40 @@ def capacity_to_file(
     with output_lock(out):
         table = _to_file(grid, CapacitySearch(targets), out, workers, scheduler, resume, on_progress)
         io.capacity_layout(grid, table, targets).write(out)
+        checkpoint_path(out).unlink()
+    return grid, table
+
+
+def plan_candidates(config: Config) -> Grid:
+    """The candidates a plan ranks: every point of ``config``'s grid, which may not list
+    ``fleet.replicas`` (that is what the plan chooses). A point that cannot run (70 GB of weights
+    on one small GPU) stays a candidate, answered "cannot run" with the reason."""
+    if REPLICAS in config.sweep:
+        raise ConfigError(f"sweep: {REPLICAS} is what fastsim plan chooses; take it out of the grid "
+                          "(the candidates are every other axis)")
+    return build_grid(config, check=False)  # a candidate that cannot run is an answer, not an error
+
+
+def plan_to_file(
+    config: Config,
+    targets: list[Target],
+    out: str | Path,
+    max_replicas: int = MAX_REPLICAS,
+    workers: int | None = None,
+    scheduler: str | None = None,
+    resume: bool = False,
+    on_progress: Callable[[int, int], None] | None = None,
+    max_memory: int | None = None,
+) -> tuple[Grid, np.ndarray]:
+    """For every candidate of ``config``'s grid, the fewest replicas that meet the targets
+    (:func:`fastsim.analysis.plan.search`), written as netCDF to ``out`` (atomically; checkpointed
+    and resumable as :func:`sweep_to_file`); returns the candidates' grid and their rows
+    (:class:`~fastsim.analysis.plan.PlanSearch`; rank them with :func:`fastsim.analysis.plan.ranking`)."""
+    out = Path(out)
+    task = PlanSearch(targets, max_replicas)
+    grid = _fits(plan_candidates(config), workers, scheduler, max_memory, 0)
+    with output_lock(out):
+        table = _to_file(grid, task, out, workers, scheduler, resume, on_progress)
+        io.plan_layout(grid, table, targets, max_replicas).write(out)
         checkpoint_path(out).unlink()
     return grid, table

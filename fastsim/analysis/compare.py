@@ -1,7 +1,7 @@
-"""Compare two fastsim datasets (sweeps or capacity searches) point by point, for regressions.
+"""Compare two fastsim datasets (sweeps, capacity searches or plans) point by point, for regressions.
 
 Each metric has a direction: throughput, goodput, attainment and capacity should not fall;
-latencies, queues and preemptions should not rise. A point regresses when its metric moved the
+latencies, queues, preemptions, GPUs, replicas and prices should not rise. A point regresses when its metric moved the
 wrong way by more than ``rtol`` (relative to the baseline); improvements are reported and never
 fail. Modelled on asv's ``compare --factor`` and pytest-benchmark's ``--benchmark-compare-fail``.
 """
@@ -18,7 +18,7 @@ import numpy as np
 from ..model.schema import ConfigError
 
 HIGHER_IS_BETTER = ("throughput_tok_s", "request_rate_rps", "goodput_rps", "slo_attainment", "max_rate_rps")
-LOWER_IS_BETTER = ("ttft_", "e2e_", "tpot_", "itl_", "max_queue", "preemptions")
+LOWER_IS_BETTER = ("ttft_", "e2e_", "tpot_", "itl_", "max_queue", "preemptions", "usd_per_", "gpus", "replicas")
 
 
 def direction(metric: str) -> int:
@@ -68,7 +68,8 @@ def _finite(x: float) -> float | str | None:
     return None if math.isnan(x) else (x if math.isfinite(x) else ("inf" if x > 0 else "-inf"))
 
 
-def _open(path: Path):
+def open_dataset(path: Path):
+    """A fastsim dataset, loaded; ConfigError when the file is missing or is not one."""
     import xarray as xr
 
     try:
@@ -89,7 +90,7 @@ def _plain(value: Any) -> Any:
 
 def compare(baseline: Path, candidate: Path, rtol: float = 0.05, metrics: list[str] | None = None) -> Report:
     """Compare ``candidate`` with ``baseline``; ConfigError when they cannot be compared."""
-    base, cand = _open(baseline), _open(candidate)
+    base, cand = open_dataset(baseline), open_dataset(candidate)
     if list(base.indexes) != list(cand.indexes):
         raise ConfigError(f"axes differ: baseline {tuple(base.indexes)} vs candidate {tuple(cand.indexes)}")
     for dim in base.indexes:

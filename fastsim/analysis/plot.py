@@ -1,21 +1,30 @@
-"""Figures of sweep and capacity datasets with matplotlib (the optional ``plot`` extra).
+"""Figures of sweep, capacity and plan datasets with matplotlib (the optional ``plot`` extra).
 
 One panel per metric (rows) and per value of a ``col`` axis (columns), one line per value of a
-``hue`` axis, against an ``x`` axis. Every other axis must be selected down to one value; axes are
-labelled with the dataset's units, and a metric spanning more than two decades gets a log scale.
+``hue`` axis, against an ``x`` axis. Left unset, they come from the dataset's axes in its order:
+x is ``rate`` (or the first axis), hue the next axis with several values, col the one after; an
+axis beyond those must be selected with ``--sel``, and the error names it. Labels are each
+variable's long name with its units, the selected values go in the title, a metric spanning more
+than two decades gets a log scale, and a latency with an SLO bound gets it as a dashed line. A
+plan is drawn as the price per hour of each candidate, cheapest first, labelled with its replicas.
 """
 
 from __future__ import annotations
 
+import math
 import textwrap
 from pathlib import Path
 
 import numpy as np
+import yaml
 
 from ..model.schema import ConfigError
+from .compare import open_dataset
 
 SWEEP_Y = ("throughput_tok_s", "ttft_p99_s")
 CAPACITY_Y = ("max_rate_rps",)
+PLAN_Y = "usd_per_hour"
+SLO_OF = {"ttft_": "ttft_s", "tpot_": "tpot_s", "e2e_": "e2e_s"}  # metric prefix -> the slo key bounding it
 
 
 def _value(coord: np.ndarray, text: str, axis: str):
@@ -32,45 +41,115 @@ def _value(coord: np.ndarray, text: str, axis: str):
 
 
 def _label(da) -> str:
+    """A variable's long name (else its name) with its units."""
+    name = da.attrs.get("long_name") or str(da.name)
     units = da.attrs.get("units")
-    return f"{da.name} ({units})" if units and units != "1" else str(da.name)
+    return f"{name} ({units})" if units and units != "1" else name
+
+
+def _axis_label(ds, axis: str) -> str:
+    key = ds[axis].attrs.get("config_key", axis)
+    units = ds[axis].attrs.get("units")
+    return f"{key} ({units})" if units else key
+
+
+def _writable(out: Path, fig) -> Path:
+    """``out``, checked before drawing: a format matplotlib writes, in a directory that can be."""
+    formats = fig.canvas.get_supported_filetypes()
+    kind = out.suffix.lower().lstrip(".")
+    if kind not in formats:
+        raise ConfigError(f"--out {out}: unknown figure format {out.suffix or '(none)'!r} "
+                          f"(one of: {', '.join('.' + f for f in sorted(formats))})")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"--out {out}: cannot create {out.parent} ({exc.strerror or exc})") from None
+    return out
+
+
+def _defaults(ds, x: str | None, hue: str | None, col: str | None) -> tuple[str, str | None, str | None]:
+    """x, hue and col: as given, else from the axes with several values in the dataset's order."""
+    several = [d for d in ds.dims if ds.sizes[d] > 1]
+    x = x or ("rate" if "rate" in ds.dims else (several or list(ds.dims) or [None])[0])
+    rest = [d for d in several if d not in (x, hue, col)]
+    if hue is None and rest:
+        hue = rest.pop(0)
+    if col is None and rest:
+        col = rest.pop(0)
+    if rest:
+        picks = " ".join(f"--sel {d}=VALUE" for d in rest)
+        raise ConfigError(f"axes {', '.join(repr(d) for d in rest)} have several values beyond x ({x}), hue ({hue}) "
+                          f"and col ({col}): pick one of each with {picks}")
+    return x, hue, col
+
+
+def _slo_bound(config: dict, metric: str) -> float | None:
+    slo = config.get("slo") or {}
+    for prefix, key in SLO_OF.items():
+        if metric.startswith(prefix) and slo.get(key) is not None:
+            return float(slo[key])
+    return None
 
 
 def figure(path: Path, out: Path, x: str | None = None, ys: list[str] | None = None, hue: str | None = None,
            col: str | None = None, sel: list[str] | None = None) -> Path:
-    """Draw ``path``'s dataset to the PNG ``out``; errors name the axis or metric at fault."""
-    import matplotlib
+    """Draw ``path``'s dataset to ``out``; errors name the axis, metric or file at fault."""
+    try:
+        import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from .compare import _open
-
-    ds = _open(path)
-    capacity = "max_rate_rps" in ds.data_vars
-    ys = list(ys or (CAPACITY_Y if capacity else SWEEP_Y))
-    for y in ys:
-        if y not in ds.data_vars:
-            raise ConfigError(f"--y {y}: not a metric of {path} (metrics: {', '.join(ds.data_vars)})")
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ConfigError("fastsim plot needs matplotlib: pip install 'fastsim[plot]'") from None
+    ds = open_dataset(path)
+    config = yaml.safe_load(ds.attrs.get("config", "")) or {}
+    out = Path(out)
+    fixed = []
     for item in sel or []:
         axis, _, text = item.partition("=")
         if axis not in ds.dims:
             raise ConfigError(f"--sel {item}: {axis!r} is not an axis of {path} (axes: {', '.join(ds.dims)})")
-        ds = ds.sel({axis: _value(ds[axis].values, text, axis)})
-    x = x or ("rate" if "rate" in ds.dims else next(iter(ds.dims), None))
-    if x is None or x not in ds.dims:
-        raise ConfigError(f"--x {x}: not an axis of {path} (axes: {', '.join(ds.dims) or 'none'})")
-    for role, axis in (("--hue", hue), ("--col", col)):
+        value = _value(ds[axis].values, text, axis)
+        ds = ds.sel({axis: value})
+        fixed.append(f"{axis} {value}")
+    plan = ds.attrs.get("kind") == "plan"
+    default_y = [PLAN_Y] if plan else list(CAPACITY_Y if "max_rate_rps" in ds.data_vars else SWEEP_Y)
+    ys = list(ys or default_y)
+    for y in ys:
+        if y not in ds.data_vars:
+            raise ConfigError(f"--y {y}: not a metric of {path} (metrics: {', '.join(ds.data_vars)})")
+    for role, axis in (("--x", x), ("--hue", hue), ("--col", col)):
         if axis is not None and axis not in ds.dims:
-            raise ConfigError(f"{role} {axis}: not an axis of {path} (axes: {', '.join(ds.dims)})")
-    for axis, size in ds.sizes.items():
-        if axis not in (x, hue, col) and size > 1:
-            raise ConfigError(f"axis {axis!r} has {size} values: pick one with --sel {axis}=VALUE, "
-                              f"or plot it with --hue {axis} or --col {axis}")
-    ds = ds.squeeze([d for d, n in ds.sizes.items() if d not in (x, hue, col) and n == 1])
+            raise ConfigError(f"{role} {axis}: not an axis of {path} (axes: {', '.join(ds.dims) or 'none'})")
+    if plan:
+        fig = _plan_figure(plt, ds, ys)
+    else:
+        x, hue, col = _defaults(ds, x, hue, col)
+        if x is None:
+            raise ConfigError(f"{path}: no axis to draw against (a single point)")
+        ds = ds.squeeze([d for d, n in ds.sizes.items() if d not in (x, hue, col) and n == 1])
+        fig = _line_figure(plt, ds, ys, x, hue, col, config)
+    _writable(out, fig)
+    title = config.get("description") or Path(path).stem
+    if fixed:
+        title += " (" + ", ".join(fixed) + ")"
+    fig.suptitle(textwrap.fill(title, int(fig.get_size_inches()[0] * 11)), fontsize="medium")
+    fig.tight_layout()
+    try:
+        fig.savefig(out, dpi=110)
+    except OSError as exc:
+        raise ConfigError(f"--out {out}: cannot write ({exc.strerror or exc})") from None
+    finally:
+        plt.close(fig)
+    return out
+
+
+def _line_figure(plt, ds, ys: list[str], x: str, hue: str | None, col: str | None, config: dict):
     cols = ds[col].values.tolist() if col else [None]
-    fig, axes = plt.subplots(len(ys), len(cols), figsize=(max(6.0, 4.5 * len(cols) + 1), 3.2 * len(ys) + 0.4), squeeze=False)
+    fig, axes = plt.subplots(len(ys), len(cols), figsize=(max(6.0, 4.5 * len(cols) + 1.5), 3.4 * len(ys) + 0.6),
+                             squeeze=False, sharey="row")
     for r, y in enumerate(ys):
+        bound = _slo_bound(config, y)
         for c, cv in enumerate(cols):
             ax = axes[r][c]
             panel = ds[y] if col is None else ds[y].sel({col: cv})
@@ -82,21 +161,40 @@ def figure(path: Path, out: Path, x: str | None = None, ys: list[str] | None = N
             positive = values[np.isfinite(values) & (values > 0)]
             if positive.size and positive.max() / positive.min() > 100:
                 ax.set_yscale("log")
-            ax.set_xlabel(_label(ds[x]))
-            ax.set_ylabel(_label(ds[y]))
+            if bound is not None:
+                ax.axhline(bound, color="grey", linestyle="--", linewidth=1, label=f"SLO {bound:g} s")
+            ax.set_xlabel(_axis_label(ds, x))
+            if c == 0:
+                ax.set_ylabel(textwrap.fill(_label(ds[y]), 32))
             if col is not None:
-                ax.set_title(f"{col} {cv}")
-            if hue is not None:
+                ax.set_title(f"{_axis_label(ds, col)} = {cv}", fontsize="medium")
+            if hue is not None or bound is not None:
                 ax.legend(fontsize="small")
             ax.grid(True, alpha=0.3)
-    import yaml
+    return fig
 
-    description = (yaml.safe_load(ds.attrs.get("config", "")) or {}).get("description")
-    width = fig.get_size_inches()[0]
-    fig.suptitle(textwrap.fill(description or Path(path).stem, int(width * 11)), fontsize="medium")
-    fig.tight_layout()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+
+def _plan_figure(plt, ds, ys: list[str]):
+    """One horizontal bar per candidate and metric, cheapest first (by rank), labelled with the
+    candidate's settings and its answer."""
+    flat = ds.stack(candidate=list(ds.dims)) if ds.dims else ds.expand_dims("candidate")
+    order = np.argsort(flat["rank"].values, kind="stable")
+    names = []
+    for i in order:
+        point = flat.isel(candidate=int(i))
+        settings = ", ".join(f"{d}={point[d].values.item()}" for d in ds.dims) or "the config"
+        replicas = float(point["replicas"])
+        answer = (f"{replicas:.0f} replicas" if not math.isnan(replicas) else
+                  "cannot run" if str(point["binding"].values).startswith("cannot run") else "never met")
+        names.append(f"{settings}: {answer}")
+    width = 3.0 + 0.075 * max(len(n) for n in names) + 4.5 * len(ys)
+    fig, axes = plt.subplots(1, len(ys), figsize=(width, 0.28 * len(names) + 1.4), squeeze=False, sharey=True)
+    for c, y in enumerate(ys):
+        ax = axes[0][c]
+        values = flat[y].values[order].astype(float)
+        ax.barh(range(len(names)), np.nan_to_num(values), color="tab:blue")
+        ax.set_yticks(range(len(names)), labels=names, fontsize="small")
+        ax.invert_yaxis()
+        ax.set_xlabel(_label(ds[y]))
+        ax.grid(True, axis="x", alpha=0.3)
+    return fig

@@ -72,12 +72,12 @@ class Grid:
         return self.config_at(self.indices(index))
 
 
-def build_grid(config: Config) -> Grid:
+def build_grid(config: Config, check: bool = True) -> Grid:
     """Validate ``config.sweep`` into a :class:`Grid`; errors name the axis and the value.
 
     Each axis value is validated once; axes of one coupled section in combination; and the
     checks that span sections (:data:`fastsim.engine.checks.CHECKS`) on every combination of the axes
-    they read. Never every point of the grid (unless every axis is one that those checks read).
+    they read (unless ``check`` is False: then the caller checks each point it runs). Never every point of the grid (unless every axis is one that those checks read).
     """
     keys = list(config.sweep)
     normalised: dict[str, list[Any]] = {k: [None] * len(v) for k, v in config.sweep.items()}
@@ -112,7 +112,8 @@ def build_grid(config: Config) -> Grid:
                 normalised[k][j] = get_dotted(node, k[len(section) + 1 :])
         sections[section] = (tuple(keys.index(k) for k in group), objects)
     grid = Grid(config, tuple(keys), tuple(tuple(normalised[k]) for k in keys), sections)
-    _check_combinations(grid)
+    if check:
+        _check_combinations(grid)
     return grid
 
 

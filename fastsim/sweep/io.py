@@ -19,8 +19,10 @@ import yaml
 from .._version import __version__
 from ..analysis.capacity import STATUSES, binding_of
 from ..analysis.metrics import INTEGER_METRICS, METRICS
+from ..analysis.plan import CANNOT_RUN, FIRST_METRIC, NEVER_MET, ranking
+from ..engine.checks import check
 from ..analysis.simulation import Result
-from ..model.schema import Config
+from ..model.schema import Config, ConfigError
 from .files import atomic_path
 from .grid import Grid
 
@@ -185,3 +187,41 @@ def capacity_layout(grid: Grid, table: np.ndarray, targets: list) -> Layout:
     }
     attrs = {**base.attrs, "targets": "; ".join(names), "simulations": int(flat[:, 3].sum())}
     return Layout(base.coords, data, attrs)
+
+
+def plan_layout(grid: Grid, table: np.ndarray, targets: list, max_replicas: int) -> Layout:
+    """A plan over ``grid``'s candidates: ``replicas`` (the fewest that meet every target; NaN
+    when even ``max_replicas`` fail or the candidate cannot run), ``rank`` (1 = cheapest), what
+    binds, and every metric at the answer (``gpus``, ``usd_per_hour``, ``usd_per_mtok`` among
+    them). ``table``: :class:`~fastsim.analysis.plan.PlanSearch` rows, shape (*axes, columns)."""
+    flat = table.reshape(-1, table.shape[-1])
+    base = sweep_layout(grid, table[..., FIRST_METRIC:])
+    rank = np.empty(len(flat), np.int64)
+    rank[ranking(flat)] = np.arange(1, len(flat) + 1)
+    binding = [plan_binding(grid, i, row, targets) for i, row in enumerate(flat)]
+    axes = dims(grid)
+    data = {
+        "replicas": (axes, table[..., 0], {"units": "replicas", "long_name": f"fewest replicas meeting every target "
+                                                                            f"(NaN: none up to {max_replicas})"}),
+        "rank": (axes, rank.reshape(grid.shape), {"long_name": "rank by USD/hour, then GPUs, then TTFT p99 (1: best)"}),
+        "binding": (axes, np.array(binding, dtype=object).reshape(grid.shape),
+                    {"long_name": "the target that fails with one replica fewer, or why there is no answer"}),
+        **base.data,
+    }
+    attrs = {**base.attrs, "kind": "plan", "targets": "; ".join(str(t) for t in targets), "max_replicas": max_replicas,
+             "simulations": int(flat[:, 3].sum())}
+    return Layout(base.coords, data, attrs)
+
+
+def plan_binding(grid: Grid, index: int, row: np.ndarray, targets: list) -> str:
+    """What a plan's row says binds: the target that fails with one replica fewer, the one that
+    fails at the limit, or why the candidate cannot run."""
+    status, target = int(row[1]), (str(targets[int(row[2])]) if row[2] >= 0 else "")
+    if status == CANNOT_RUN:
+        try:
+            check(grid.config(index))
+        except ConfigError as exc:
+            return f"cannot run: {exc}"
+    if status == NEVER_MET:
+        return f"never met: {target}"
+    return target

@@ -17,14 +17,18 @@ import numpy as np
 
 from ..analysis.capacity import STATUSES, binding_of
 from ..analysis.metrics import METRICS
+from ..analysis.plan import CANNOT_RUN, FIRST_METRIC, MET, NEVER_MET, ranking
 from ..model.schema import Config
 from .grid import Grid
+from .io import plan_binding
 
 METRIC_INDEX = {name: k for k, name in enumerate(METRICS)}
 FULL_TABLE_MAX_ROWS = 40
-# A rate is sustained when the median request waits under a second for its first token: past
-# saturation the queue, and so the median wait, grows for the whole run (minutes, not seconds).
+# Without an SLO, a rate is sustained when the median request waits under a second for its first
+# token: past saturation the queue, and so the median wait, grows for the whole run (minutes, not
+# seconds). With one, when 90 % of requests meet it (fastsim capacity's default rule).
 SUSTAINED_TTFT_P50_S = 1.0
+SUSTAINED_ATTAINMENT = 0.9
 
 # (metric, header, scale, format)
 COLUMNS = [
@@ -114,6 +118,27 @@ def _label(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
+def _sustained(config: Config, table: np.ndarray) -> tuple[np.ndarray, str]:
+    """Which points sustain their load (shape: the table's but its seed and metric axes), and
+    the rule, in words: the config's SLO met by 90 % of requests, or without one a median TTFT
+    under a second."""
+    slo = {k: v for k, v in config.slo.model_dump().items() if v is not None}
+    if slo:
+        met = table[..., METRIC_INDEX["slo_attainment"]].mean(axis=-1) >= SUSTAINED_ATTAINMENT
+        bounds = ", ".join(f"{k.removesuffix('_s').upper()} <= {v:g} s" for k, v in slo.items())
+        return met, f"{SUSTAINED_ATTAINMENT:.0%} of requests meet the slo: {bounds}"
+    waited = table[..., METRIC_INDEX["ttft_p50_s"]].mean(axis=-1) <= SUSTAINED_TTFT_P50_S
+    return waited, f"TTFT p50 <= {SUSTAINED_TTFT_P50_S:g} s; no slo in the config"
+
+
+def next_steps(config_file: Path, result: Path, config: Config) -> str:
+    """The line after a sweep: what to ask next of the config and of its result."""
+    has_slo = any(v is not None for v in config.slo.model_dump().values())
+    target = "" if has_slo else " --target 'ttft_p99_s<=0.5'"
+    return (f"next: fastsim capacity {config_file}{target} (the highest rate per setting), fastsim plan "
+            f"{config_file}{target} (the cheapest fleet), fastsim plot {result} (a figure)")
+
+
 def summarize(grid: Grid, table: np.ndarray) -> tuple[str, list[str], list[list[str]], int]:
     """(title, column headers, rows, number of leading label columns) describing a sweep's
     metrics ``table``, which has shape (*axis lengths, len(METRICS)) with axes in the order of
@@ -142,8 +167,8 @@ def summarize(grid: Grid, table: np.ndarray) -> tuple[str, list[str], list[list[
     if load_sweep:
         # Per setting, the highest rate it sustains: completions keep up with arrivals.
         r = dims.index("rate")
-        waited = np.moveaxis(table[..., METRIC_INDEX["ttft_p50_s"]].mean(axis=-1), r, -1)
-        kept = waited <= SUSTAINED_TTFT_P50_S
+        kept, rule = _sustained(grid.base, table)
+        kept = np.moveaxis(kept, r, -1)
         settings = [d for d in dims if d != "rate"]
         rows = []
         for index in np.ndindex(*kept.shape[:-1]):
@@ -156,8 +181,7 @@ def summarize(grid: Grid, table: np.ndarray) -> tuple[str, list[str], list[list[
             full = index[:r] + (best,) + index[r:]
             sustained = _label(axes["rate"][best]) + ("+" if best == len(axes["rate"]) - 1 else "")
             rows.append(labels + [sustained] + [_cell(table[full], c) for c in shown])
-        title = (f"{n_rows} grid points: per setting, the highest rate it sustains (TTFT p50 <= "
-                 f"{SUSTAINED_TTFT_P50_S:g} s; + = the grid's highest){suffix}")
+        title = f"{n_rows} grid points: per setting, the highest rate it sustains ({rule}; + = the grid's highest){suffix}"
         return title, settings + ["max rate"] + headers, rows, len(settings) + 1
     # Compact: per policy (or overall), the point with the best mean throughput.
     throughput = table[..., METRIC_INDEX["throughput_tok_s"]].mean(axis=-1)
@@ -192,3 +216,63 @@ def capacity_rows(grid: Grid, table: np.ndarray, targets) -> tuple[str, list[str
                               f"{row[metric['tpot_p99_s']] * 1e3:.1f}ms", f"{row[metric['e2e_p99_s']]:.1f}s", binding])
     title = f"capacity: the highest rate (requests/s, to 1 %) meeting {' and '.join(names)}"
     return title, dims + ["max rate", "goodput", "TTFT p99", "TPOT p99", "e2e p99", "binding"], rows, len(dims)
+
+
+def _finite(x: float) -> float | None:
+    return None if math.isnan(x) else x
+
+
+def plan_entries(grid: Grid, table: np.ndarray, targets) -> list[dict[str, Any]]:
+    """A plan's candidates cheapest first, as ``fastsim plan --json`` prints them: settings
+    (dotted key: value), replicas (None when the targets never hold), gpus, USD per hour and per
+    million tokens, every metric at the answer (NaN as None) and what binds."""
+    flat = table.reshape(-1, table.shape[-1])
+    entries = []
+    for i in ranking(flat):
+        row = flat[i]
+        metrics = {name: _finite(float(v)) for name, v in zip(METRICS, row[FIRST_METRIC:])}
+        met = int(row[1]) == MET
+        settings = {key: values[j] for key, values, j in zip(grid.keys, grid.axes, grid.indices(int(i)))}
+        entries.append({"settings": settings, "replicas": int(row[0]) if met else None,
+                        "gpus": int(metrics["gpus"]) if met else None, "usd_per_hour": metrics["usd_per_hour"],
+                        "usd_per_mtok": metrics["usd_per_mtok"], "metrics": metrics,
+                        "binding": plan_binding(grid, int(i), row, targets)})
+    return entries
+
+
+def plan_rows(grid: Grid, table: np.ndarray, targets, max_replicas: int
+              ) -> tuple[str, list[str], list[list[str]], int, list[str]]:
+    """(title, headers, rows, label columns, notes) for a plan: the candidates cheapest first,
+    each with the fewest replicas that meet every target and what that costs; the notes say why
+    a candidate cannot run (the table refers to them by rank)."""
+    flat = table.reshape(-1, table.shape[-1])
+    metric = {name: FIRST_METRIC + k for k, name in enumerate(METRICS)}
+    dims = [key.rsplit(".", 1)[-1] for key in grid.keys]
+    rows, notes = [], []
+    for rank, i in enumerate(ranking(flat), start=1):
+        row = flat[i]
+        labels = [str(rank)] + [_label(grid.axes[j][v]) for j, v in enumerate(grid.indices(int(i)))]
+        binding = plan_binding(grid, int(i), row, targets)
+        if int(row[1]) == CANNOT_RUN:
+            notes.append(f"rank {rank}: {binding}")
+            binding = "cannot run (see below)"
+        if int(row[1]) != MET:
+            replicas = f"> {max_replicas}" if int(row[1]) == NEVER_MET else "-"
+            rows.append(labels + [replicas, "", "", "", "", "", "", binding])
+            continue
+        m = {name: row[k] for name, k in metric.items()}
+        attainment = m["slo_attainment"]
+        rows.append(labels + [f"{row[0]:.0f}", f"{m['gpus']:.0f}", _money(m["usd_per_hour"]), _money(m["usd_per_mtok"]),
+                              f"{m['ttft_p99_s']:.2f}s", f"{m['tpot_p99_s'] * 1e3:.1f}ms",
+                              "" if math.isnan(attainment) else f"{attainment * 100:.1f}%",
+                              binding or "(one replica meets them)"])
+    names = [str(t) for t in targets]
+    title = (f"plan: per candidate, the fewest replicas (up to {max_replicas}) meeting {' and '.join(names)}; "
+             "cheapest first")
+    headers = ["rank", *dims, "replicas", "GPUs", "$/hour", "$/Mtok", "TTFT p99", "TPOT p99", "SLO met",
+               "binding (fails with one fewer)"]
+    return title, headers, rows, len(dims) + 1, notes
+
+
+def _money(x: float) -> str:
+    return "n/a" if math.isnan(x) else f"{x:,.2f}"

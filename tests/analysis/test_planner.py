@@ -165,10 +165,95 @@ def test_plot_writes_pngs_for_sweeps_and_capacity(root, tmp_path, reference_nc):
     assert (tmp_path / "cap.png").stat().st_size > 1000
 
 
-def test_plot_names_an_axis_left_unselected(reference_nc, tmp_path):
-    result = invoke("plot", reference_nc, "--out", tmp_path / "x.png")
+def test_plot_draws_every_axis_it_can_and_names_those_beyond(root, reference_nc, tmp_path):
+    result = invoke("plot", reference_nc, "--out", tmp_path / "x.png")  # rate x policy: policy as hue
+    assert result.exit_code == 0, result.output
+    h100 = tmp_path / "h100.nc"  # rate x max_batch x max_batched_tokens: hue, then columns
+    assert invoke("sweep", root / "configs/h100.yaml", "--quiet", "--set", "workload.n_requests=300",
+                  "--out", h100).exit_code == 0
+    assert invoke("plot", h100, "--out", tmp_path / "h100.png").exit_code == 0
+    four = tmp_path / "four.nc"
+    assert invoke("sweep", root / "configs/h100.yaml", "--quiet", "--set", "workload.n_requests=100",
+                  "--set", "sweep.workload.seed=[1, 2]", "--out", four).exit_code == 0
+    result = invoke("plot", four, "--out", tmp_path / "four.png")
     assert result.exit_code == 2
-    assert "axis 'policy' has 3 values: pick one with --sel policy=VALUE" in result.stderr
-    assert invoke("plot", reference_nc, "--sel", "policy=static", "--out", tmp_path / "y.png").exit_code == 0
+    assert "axes 'seed' have several values beyond x (rate), hue (max_batch) and col (max_batched_tokens): " \
+           "pick one of each with --sel seed=VALUE" in result.stderr
+    assert invoke("plot", four, "--sel", "seed=1", "--out", tmp_path / "y.png").exit_code == 0
     bad = invoke("plot", reference_nc, "--sel", "policy=greedy", "--out", tmp_path / "z.png")
     assert bad.exit_code == 2 and "not a value of policy" in bad.stderr
+
+
+@pytest.mark.parametrize("where,message", [
+    ("under-a-file/x.png", "cannot create"),
+    ("x.foo", "unknown figure format '.foo'"),
+    ("/proc/fastsim.png", "cannot write"),  # not writable, even by root
+])
+def test_plot_out_problems_are_one_line(reference_nc, tmp_path, where, message):
+    (tmp_path / "under-a-file").write_text("")
+    result = invoke("plot", reference_nc, "--out", tmp_path / where)
+    assert result.exit_code == 2 and message in result.stderr, result.output
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_plot_without_matplotlib_is_one_line(reference_nc, tmp_path, monkeypatch):
+    import builtins
+
+    real = builtins.__import__
+
+    def no_matplotlib(name, *args, **kwargs):
+        if name.startswith("matplotlib"):
+            raise ModuleNotFoundError("No module named 'matplotlib'")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    result = invoke("plot", reference_nc, "--out", tmp_path / "x.png")
+    assert result.exit_code == 2
+    assert result.stderr.strip() == "error: fastsim plot needs matplotlib: pip install 'fastsim[plot]'"
+
+
+def test_plot_labels_with_long_names_units_and_slo_bounds(root, tmp_path):
+    from fastsim.analysis import plot
+    from fastsim.analysis.compare import open_dataset
+
+    out = tmp_path / "h.nc"
+    assert invoke("sweep", root / "configs/h100.yaml", "--quiet", "--set", "workload.n_requests=200", "--out",
+                  out).exit_code == 0
+    ds = open_dataset(out)
+    assert plot._label(ds.ttft_p99_s) == "time to first token, 99th percentile (s)"
+    assert plot._axis_label(ds, "rate") == "workload.rate (requests/s)"
+    config = {"slo": {"ttft_s": 0.5, "tpot_s": 0.05, "e2e_s": None}}
+    assert (plot._slo_bound(config, "ttft_p99_s"), plot._slo_bound(config, "tpot_p50_s")) == (0.5, 0.05)
+    assert plot._slo_bound(config, "e2e_p99_s") is None and plot._slo_bound(config, "throughput_tok_s") is None
+    assert plot._defaults(ds, None, None, None) == ("rate", "max_batch", "max_batched_tokens")
+    assert plot._defaults(ds, "max_batch", None, None) == ("max_batch", "rate", "max_batched_tokens")
+
+
+def test_tables_fit_the_terminal_without_cutting_a_cell(root, tmp_path, monkeypatch):
+    from fastsim.cli import common
+
+    monkeypatch.setattr(common.out, "width", 80)
+    result = invoke("sweep", root / "configs/h100.yaml", "--quiet", "--set", "workload.n_requests=300",
+                    "--out", tmp_path / "x.nc")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert "…" not in result.stdout and max(len(line) for line in lines[1:]) <= 80
+    assert sum("max_batched_tokens" in line for line in lines) >= 2  # the labels repeat in each part
+    assert result.stderr.strip().splitlines()[-1].startswith(
+        f"next: fastsim capacity {root / 'configs/h100.yaml'} (the highest rate per setting), fastsim plan")
+
+
+def test_the_sweep_summary_sustains_by_the_configs_slo(root, tmp_path):
+    result = invoke("sweep", root / "configs/h100.yaml", "--quiet", "--set", "workload.n_requests=300",
+                    "--out", tmp_path / "x.nc")
+    assert "the highest rate it sustains (90% of requests meet the slo: TTFT <= 0.5 s, TPOT <= 0.05 s" in result.stdout
+    plain = invoke("sweep", root / "configs/h100.yaml", "--quiet", "--set", "workload.n_requests=300",
+                   "--set", "slo.ttft_s=null", "--set", "slo.tpot_s=null", "--out", tmp_path / "y.nc")
+    assert "(TTFT p50 <= 1 s; no slo in the config; + = the grid's highest)" in plain.stdout
+    assert "--target 'ttft_p99_s<=0.5'" in plain.stderr
+
+
+def test_target_help_lists_the_metrics_and_quotes_the_example():
+    result = invoke("capacity", "--help")
+    assert "'METRIC<=VALUE'" in result.stdout and "slo_attainment" in result.stdout
+    assert "ttft_p99_s" in invoke("plan", "--help").stdout

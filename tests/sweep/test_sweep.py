@@ -116,21 +116,26 @@ RECORD = 8 + 8 * len(METRICS)
 HEADER = 21 + 32 + 16
 
 
-def start_and_stop(config, out, workers, sig):
-    """Start a sweep in its own process group; once a point is recorded, send ``sig`` to the
-    group (as a terminal's Ctrl-C does). Returns (exit code, stderr, points recorded)."""
+def start_and_stop(config, out, workers, sig, command="sweep", record=RECORD, timings=None):
+    """Start ``fastsim command`` in its own process group; once a point is recorded, send ``sig``
+    to the group (as a terminal's Ctrl-C does). Returns (exit code, stderr, points recorded);
+    ``timings`` gets the seconds from the signal to the exit."""
     partial = checkpoint_path(out)
-    cmd = [sys.executable, "-m", "fastsim", "sweep", str(config), "--out", str(out), "--workers", str(workers), "--quiet"]
+    cmd = [sys.executable, "-m", "fastsim", command, str(config), "--out", str(out), "--workers", str(workers),
+           "--quiet"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        if partial.exists() and partial.stat().st_size >= HEADER + RECORD:
+        if partial.exists() and partial.stat().st_size >= HEADER + record:
             break
         assert proc.poll() is None, proc.stderr.read()
         time.sleep(0.01)
     os.killpg(proc.pid, sig)
+    sent = time.monotonic()
     _, stderr = proc.communicate(timeout=60)
-    return proc.returncode, stderr, (partial.stat().st_size - HEADER) // RECORD
+    if timings is not None:
+        timings.append(time.monotonic() - sent)
+    return proc.returncode, stderr, (partial.stat().st_size - HEADER) // record
 
 
 def test_sigkill_then_resume_gives_the_identical_dataset(slow, tmp_path):
@@ -207,11 +212,30 @@ def test_large_grid_gets_a_compact_summary(root, tmp_path):
 def test_load_sweep_summary_names_the_highest_sustained_rate(root, tmp_path):
     result = sweep_cli(root / "configs/h100.yaml", "--set", "workload.n_requests=2000", "--out", tmp_path / "h.nc")
     assert result.exit_code == 0, result.output
-    assert "99 grid points: per setting, the highest rate it sustains (TTFT p50 <= 1 s" in result.stdout
+    assert ("99 grid points: per setting, the highest rate it sustains (90% of requests meet the slo: "
+            "TTFT <= 0.5 s, TPOT <= 0.05 s") in result.stdout  # the config's SLO, fastsim capacity's rule
     rows = [line.split() for line in result.stdout.splitlines() if line.startswith((" 64 ", " 256 ", " 1024 "))]
     assert len(rows) == 9
     with xr.open_dataset(tmp_path / "h.nc") as ds:
         for max_batch, budget, rate, *_ in rows:
             point = ds.sel(max_batch=int(max_batch), max_batched_tokens=int(budget))
-            ok = point.rate.values[point.ttft_p50_s.values <= 1.0]
+            ok = point.rate.values[point.slo_attainment.values >= 0.9]
             assert rate.rstrip("+") == f"{ok.max():g}"
+
+
+@pytest.mark.parametrize("command", ["capacity", "plan"])
+def test_ctrl_c_stops_a_search_at_once_and_keeps_what_it_finished(tmp_path, root, command):
+    """Searches stop between two simulations: the pool ends within a simulation, not a search."""
+    config = h100_study(tmp_path / "search.yaml", root, "workload:\n  n_requests: 100000\n"
+                        "sweep:\n  engine.max_batch: [16, 32, 64, 128, 256, 512]\n"
+                        "  engine.max_batched_tokens: [2048, 4096, 8192]\n")
+    out = tmp_path / f"{command}.nc"
+    timings = []
+    code, stderr, done = start_and_stop(config, out, 2, signal.SIGINT, command, 8 + 8 * (4 + len(METRICS)), timings)
+    assert code == 130 and done > 0
+    assert stderr.strip().splitlines() == [
+        f"error: interrupted; finished points are kept in {checkpoint_path(out)}: rerun with --resume"]
+    assert timings[0] < 3  # measured 0.1-0.3 s; a whole search of 100,000-request fleets takes several
+    resumed = CliRunner().invoke(app, [command, str(config), "--out", str(out), "--resume", "--quiet"])
+    assert resumed.exit_code == 0, resumed.output
+    assert out.exists() and not checkpoint_path(out).exists()

@@ -1,0 +1,172 @@
+"""What every command shares: the app, its consoles, the options, one-line errors, tables that
+fit the terminal, progress bars, and what an interrupted run kept."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from pathlib import Path
+from typing import Annotated, Callable, Iterator, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    Task,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+from rich.text import Text
+
+from ..analysis.metrics import METRICS
+from ..model.loading import parse_override
+from ..model.schema import Config, ConfigError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+    help="Simulate LLM serving engines and fleets: throughput, latency and cost, fast and exact.",
+)
+# A terminal keeps its own width (tables are split to fit it); piped output is wide.
+out = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+err = Console(stderr=True, highlight=False)
+
+ConfigArg = Annotated[Path, typer.Argument(help="Scenario YAML (see configs/).", show_default=False)]
+SetOpt = Annotated[
+    Optional[list[str]],
+    typer.Option("--set", help="Override a config key: dotted.key=value (repeatable).", metavar="KEY=VALUE"),
+]
+MaxMemoryOpt = Annotated[
+    Optional[str],
+    typer.Option("--max-memory", help="Refuse work needing more memory than this (8GB, 500MB; default: what is "
+                                      "available).", metavar="SIZE"),
+]
+WorkersOpt = Annotated[Optional[int], typer.Option(help="Worker threads on this machine (default: all cores).", min=1)]
+SchedulerOpt = Annotated[Optional[str], typer.Option(help="Dask scheduler address (tcp://host:8786), or 'local'.")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
+ResumeOpt = Annotated[bool, typer.Option("--resume", help="Continue an interrupted run from its checkpoint.")]
+TargetOpt = Annotated[
+    Optional[list[str]],
+    typer.Option("--target", metavar="'METRIC<=VALUE'",
+                 help="A bound that must hold, quoted (the shell reads < and >): 'METRIC<=VALUE' or "
+                      "'METRIC>=VALUE' (repeatable). Metrics: " + ", ".join(METRICS) + "."),
+]
+AttainmentOpt = Annotated[
+    Optional[float],
+    typer.Option(help="With the config's slo: the fraction of requests that must meet it (default 0.9 when no "
+                      "--target is given).", min=0, max=1),
+]
+
+
+def fail(message: str, code: int = 2) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(code)
+
+
+@contextlib.contextmanager
+def user_errors() -> Iterator[None]:
+    """Bad input, and memory that ran out anyway, end as one line on stderr with exit code 2."""
+    try:
+        yield
+    except ConfigError as exc:
+        raise fail(str(exc)) from None
+    except MemoryError:
+        raise fail("out of memory: make the run smaller (workload.n_requests) or use fewer --workers") from None
+
+
+def load(path: Path, sets: list[str] | None) -> Config:
+    from ..api import load_config
+
+    return load_config(path, dict(parse_override(s) for s in sets or []))
+
+
+def max_memory(text: str | None) -> int | None:
+    from ..sweep.memory import parse_size
+
+    return None if text is None else parse_size(text)
+
+
+def print_table(title: str, headers: list[str], rows: list[list[str]], left: int = 1) -> None:
+    """Print a title line and a borderless table; the first ``left`` columns are labels. A table
+    wider than the console is split into several, each repeating the labels, so no cell is cut."""
+    widths = [max([len(h), *(len(r[j]) for r in rows)]) + 2 for j, h in enumerate(headers)]
+    room = out.width - sum(widths[:left]) - 1
+    parts: list[list[int]] = [[]]
+    used = 0
+    for j in range(left, len(headers)):
+        if parts[-1] and used + widths[j] > room:
+            parts.append([])
+            used = 0
+        parts[-1].append(j)
+        used += widths[j]
+    out.print(title, soft_wrap=True)
+    for n, part in enumerate(parts):
+        table = Table(box=None, header_style="bold")
+        for j in [*range(left), *part]:
+            table.add_column(headers[j], justify="left" if j < left else "right", no_wrap=True)
+        for row in rows:
+            table.add_row(*(row[j] for j in [*range(left), *part]))
+        if n:
+            out.print()
+        out.print(table, soft_wrap=len(part) == 1)
+
+
+class _RateColumn(ProgressColumn):
+    def render(self, task: Task) -> Text:
+        return Text(f"{task.speed:,.0f}/s" if task.speed else "", style="progress.data.speed")
+
+
+def progress(label: str, quiet: bool, unit: str = "points") -> tuple[Progress, Callable[[int, int], None]]:
+    """A progress bar on stderr that appears with the first report (after any set-up error)."""
+    bar = Progress(
+        TextColumn(label),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn(unit),
+        _RateColumn(),
+        TimeElapsedColumn(),
+        TextColumn("eta"),
+        TimeRemainingColumn(),
+        console=err,
+        disable=quiet,
+    )
+    task = bar.add_task(label, total=None)
+
+    def on_progress(done: int, total: int) -> None:
+        if bar.tasks[0].total is None:  # first call: points resumed from a checkpoint are not speed
+            bar.start()
+            bar.reset(task, total=total, completed=done)
+        else:
+            bar.update(task, completed=done)
+
+    return bar, on_progress
+
+
+def kept(out_path: Path) -> str:
+    """What an interrupted run kept, for its last line."""
+    from ..api import checkpoint_path
+
+    partial = checkpoint_path(out_path)
+    return f"; finished points are kept in {partial}: rerun with --resume" if partial.exists() else "; nothing was kept"
+
+
+def run_to_file(label: str, quiet: bool, destination: Path, work: Callable[[Callable[[int, int], None]], object],
+                unit: str = "points"):
+    """Run ``work(on_progress)`` (which writes ``destination``) with a progress bar; Ctrl-C ends
+    with exit code 130 and what was kept, a file system error with exit code 2."""
+    bar, on_progress = progress(label, quiet, unit)
+    try:
+        with user_errors():
+            return work(on_progress)
+    except KeyboardInterrupt:
+        raise fail(f"interrupted{kept(destination)}", 130) from None
+    except OSError as exc:
+        raise fail(f"{destination}: {exc.strerror or exc}") from None
+    finally:
+        bar.stop()

@@ -1,0 +1,92 @@
+"""``fastsim capacity`` and ``fastsim plan``: the planner's questions, parsed and printed."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from .common import (AttainmentOpt, ConfigArg, MaxMemoryOpt, QuietOpt, ResumeOpt, SchedulerOpt, SetOpt, TargetOpt,
+                     WorkersOpt, app, err, load, max_memory, out, print_table, run_to_file, user_errors)
+
+
+@app.command()
+def capacity(
+    config: ConfigArg,
+    set_: SetOpt = None,
+    target: TargetOpt = None,
+    attainment: AttainmentOpt = None,
+    out_path: Annotated[
+        Optional[Path], typer.Option("--out", help="netCDF output (default: results/<config name>-capacity.nc).")
+    ] = None,
+    workers: WorkersOpt = None,
+    scheduler: SchedulerOpt = None,
+    resume: ResumeOpt = False,
+    quiet: QuietOpt = False,
+    max_memory_: MaxMemoryOpt = None,
+) -> None:
+    """The highest request rate each setting of the grid (its rate axis removed) sustains while
+    every target holds; default target: the config's slo met by 90 % of requests."""
+    from ..analysis.targets import targets_from
+    from ..api import capacity_to_file
+    from ..sweep.summary import capacity_rows
+
+    with user_errors():
+        cfg = load(config, set_)
+        targets = targets_from(cfg, target, attainment)
+        limit = max_memory(max_memory_)
+    destination = out_path or Path("results") / f"{config.stem}-capacity.nc"
+    started = time.perf_counter()
+    grid, table = run_to_file("capacity", quiet, destination, lambda on_progress: capacity_to_file(
+        cfg, targets, destination, workers, scheduler, resume, on_progress, limit), unit="settings")
+    err.print(f"wrote {destination} ({grid.size} settings, {int(table[..., 3].sum())} simulations in "
+              f"{time.perf_counter() - started:.1f} s)")
+    title, headers, rows, labels = capacity_rows(grid, table, targets)
+    print_table(title, headers, rows, left=labels)
+
+
+@app.command()
+def plan(
+    config: ConfigArg,
+    set_: SetOpt = None,
+    target: TargetOpt = None,
+    attainment: AttainmentOpt = None,
+    max_replicas: Annotated[int, typer.Option(help="The most replicas a candidate may take.", min=1)] = 64,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the ranked candidates as JSON.")] = False,
+    out_path: Annotated[
+        Optional[Path], typer.Option("--out", help="netCDF output (default: results/<config name>-plan.nc).")
+    ] = None,
+    workers: WorkersOpt = None,
+    scheduler: SchedulerOpt = None,
+    resume: ResumeOpt = False,
+    quiet: QuietOpt = False,
+    max_memory_: MaxMemoryOpt = None,
+) -> None:
+    """The cheapest fleet that meets the targets: for every candidate of the grid (any axis but
+    fleet.replicas), the fewest replicas meeting them at the workload's traffic, ranked by USD
+    per hour, then GPUs, then TTFT p99. Default target: the config's slo met by 90 % of requests."""
+    from ..analysis.targets import targets_from
+    from ..api import plan_to_file
+    from ..sweep.summary import plan_entries, plan_rows
+
+    with user_errors():
+        cfg = load(config, set_)
+        targets = targets_from(cfg, target, attainment, "plan")
+        limit = max_memory(max_memory_)
+    destination = out_path or Path("results") / f"{config.stem}-plan.nc"
+    started = time.perf_counter()
+    grid, table = run_to_file("plan", quiet or as_json, destination, lambda on_progress: plan_to_file(
+        cfg, targets, destination, max_replicas, workers, scheduler, resume, on_progress, limit), unit="candidates")
+    simulations = int(table[..., 3].sum())
+    err.print(f"wrote {destination} ({grid.size} candidates, {simulations} simulations in "
+              f"{time.perf_counter() - started:.1f} s)")
+    if as_json:
+        typer.echo(json.dumps(plan_entries(grid, table, targets)))
+        return
+    title, headers, rows, labels, notes = plan_rows(grid, table, targets, max_replicas)
+    print_table(title, headers, rows, left=labels)
+    for note in notes:
+        out.print(note, soft_wrap=True)

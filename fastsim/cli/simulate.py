@@ -1,0 +1,138 @@
+"""``fastsim run``, ``sweep``, ``bench`` and ``presets``: parse, call the API, print."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from .common import (ConfigArg, MaxMemoryOpt, QuietOpt, ResumeOpt, SchedulerOpt, SetOpt, WorkersOpt, app, err, fail,
+                     load, max_memory, out, print_table, run_to_file, user_errors)
+
+OutOpt = Annotated[Optional[Path], typer.Option("--out", help="netCDF output (default: results/<config name>.nc).")]
+
+
+@app.command()
+def run(
+    config: ConfigArg,
+    set_: SetOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object of the metrics.")] = False,
+    requests_out: Annotated[
+        Optional[Path], typer.Option("--requests-out", help="Write per-request results as netCDF.", metavar="PATH.nc")
+    ] = None,
+    max_memory_: MaxMemoryOpt = None,
+) -> None:
+    """Simulate one scenario (the config's base values; its sweep grid is ignored)."""
+    from ..analysis.metrics import METRICS
+    from ..api import simulate
+    from ..sweep import memory
+    from ..sweep.summary import describe
+
+    with user_errors():
+        cfg = load(config, set_)
+        memory.check(cfg, limit=max_memory(max_memory_))
+        result = simulate(cfg)
+    if requests_out is not None:
+        from ..sweep.io import requests_layout
+
+        try:
+            requests_layout(result).write(requests_out)
+        except OSError as exc:
+            raise fail(f"--requests-out {requests_out}: {exc.strerror or exc}") from None
+    if as_json:
+        clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in result.metrics.items()}
+        typer.echo(json.dumps(clean))
+        return
+    rows = [[k, f"{v:.6g}", METRICS[k][0]] for k, v in result.metrics.items()]
+    print_table(describe(cfg, result.arrival_s.size), ["metric", "value", "units"], rows)
+
+
+@app.command()
+def sweep(
+    config: ConfigArg,
+    set_: SetOpt = None,
+    out_path: OutOpt = None,
+    workers: WorkersOpt = None,
+    scheduler: SchedulerOpt = None,
+    resume: ResumeOpt = False,
+    quiet: QuietOpt = False,
+    max_memory_: MaxMemoryOpt = None,
+) -> None:
+    """Run the config's sweep grid into one labelled netCDF dataset, then print a summary."""
+    from ..api import sweep_to_file
+    from ..sweep.summary import next_steps, summarize
+
+    with user_errors():
+        cfg = load(config, set_)
+        limit = max_memory(max_memory_)
+    target = out_path or Path("results") / f"{config.stem}.nc"
+    started = time.perf_counter()
+    grid, table = run_to_file("sweep", quiet, target, lambda on_progress: sweep_to_file(
+        cfg, target, workers=workers, scheduler=scheduler, resume=resume, on_progress=on_progress, max_memory=limit))
+    n_points = table.size // table.shape[-1]
+    err.print(f"wrote {target} ({n_points} point{'s' * (n_points != 1)} in {time.perf_counter() - started:.1f} s)")
+    title, headers, rows, labels = summarize(grid, table)
+    print_table(title, headers, rows, left=labels)
+    err.print(next_steps(config, target, cfg), soft_wrap=True)
+
+
+@app.command()
+def bench(
+    n: Annotated[int, typer.Option("--n", help="Requests per run.", min=1)] = 1_000_000,
+    repeats: Annotated[int, typer.Option(help="Timed runs per case (best is kept).", min=1)] = 5,
+    sweep_points: Annotated[int, typer.Option(help="Points of the sweep-overhead grid.", min=4)] = 20_000,
+) -> None:
+    """Measure the simulator's own speed: simulated requests/s per policy, rate and fleet, one core."""
+    from ..bench import BenchCheckFailed, sweep_overhead, traffic_costs
+    from ..bench import bench as run_bench
+
+    err.print(f"benchmarking {n:,} requests per run (numpy traffic), best of {repeats}...")
+    try:
+        rows = run_bench(n, repeats=repeats)
+    except BenchCheckFailed as exc:
+        raise fail(f"results failed their check: {exc}", 1) from None
+    print_table(
+        f"fastsim bench: {n:,} requests, one core, pid {os.getpid()}",
+        ["model", "policy/router", "rate/s", "steps/req", "first call", "kernel", "kernel req/s", "end-to-end req/s"],
+        [[r.model, r.policy, f"{r.rate:g}", f"{r.steps / r.n_requests:.1f}", f"{r.first_call_s * 1e3:.0f} ms",
+          f"{r.kernel_s * 1e3:.1f} ms", f"{r.kernel_rps / 1e6:.2f} M", f"{r.end_to_end_rps / 1e6:.2f} M"]
+         for r in rows],
+        left=2,
+    )
+    out.print("first call = JIT compile or cache load (excluded from the rest); end-to-end adds traffic generation and "
+              "metrics; every run checked (all done, tokens conserved).")
+    for name, seconds in traffic_costs(n, repeats).items():
+        out.print(f"traffic generation, {name}: {seconds * 1e9:.0f} ns/request")
+    o = sweep_overhead(sweep_points)
+    out.print(f"sweep overhead: {o.points:,} points of 10 requests, one thread: set-up (validate, block) "
+              f"{o.setup_us_per_point:.1f} us/point, running {o.run_us_per_point:.0f} us/point")
+
+
+@app.command()
+def presets() -> None:
+    """List the hardware and model presets with the values they fill."""
+    from ..model.presets import HARDWARE, MODEL_SHAPES, MODELS, PRICE_SOURCES
+
+    hw_fields = ["peak_tflops", "mem_bandwidth_tb_s", "mem_gb", "link_gb_s", "link_latency_us", "usd_per_gpu_hour"]
+    print_table(
+        "hardware.preset (dense BF16 TFLOP/s, HBM TB/s, GB, link GB/s per direction, all-reduce latency us, "
+        "on-demand USD per GPU-hour)",
+        ["preset", *hw_fields],
+        [[name, *(f"{values[f]:g}" for f in hw_fields)] for name, values in HARDWARE.items()],
+    )
+    out.print("prices (hardware.usd_per_gpu_hour overrides them):")
+    for name, source in PRICE_SOURCES.items():
+        out.print(f"  {name}: {source}", soft_wrap=True)
+    out.print()
+    model_fields = ["weight_gb", "kv_bytes_per_token", "params_b", "n_layers", "attn_dim", "hidden"]
+    print_table(
+        "model.preset (BF16 weights; params_b: active per token; kv_heads: what engine.tp must divide)",
+        ["preset", *model_fields, "kv_heads"],
+        [[name, *(f"{values[f]:g}" for f in model_fields), str(MODEL_SHAPES[name].kv_heads)]
+         for name, values in MODELS.items()],
+    )

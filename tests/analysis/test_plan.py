@@ -1,0 +1,99 @@
+"""`fastsim plan`: the cheapest fleet per candidate, confirmed by direct runs; candidates that
+never meet the targets or cannot run say so; the plan dataset is one compare and plot accept."""
+
+import json
+
+import pytest
+import xarray as xr
+from typer.testing import CliRunner
+
+from fastsim.cli import app
+
+from ..conftest import ROOT
+
+
+def invoke(*args):
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+EIGHT = ROOT / "tests" / "data" / "plan-eight.yaml"
+
+
+@pytest.fixture(scope="module")
+def eight(tmp_path_factory):
+    """The issue's plan: 2 GPUs x 2 max_num_seqs x 2 routers, 100 req/s, 20,000 requests."""
+    out = tmp_path_factory.mktemp("plan") / "eight.nc"
+    result = invoke("plan", EIGHT, "--json", "--workers", "2", "--out", out)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout), out
+
+
+def run_json(settings, replicas):
+    sets = [a for key, value in {**settings, "fleet.replicas": replicas}.items() for a in ("--set", f"{key}={value}")]
+    result = invoke("run", EIGHT, "--json", *sets)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_every_answer_is_the_fewest_replicas_a_direct_run_confirms(eight):
+    entries, _ = eight
+    assert len(entries) == 8
+    prices = [e["usd_per_hour"] for e in entries]
+    assert prices == sorted(prices)  # cheapest first
+    for e in entries:
+        assert e["replicas"] is not None and e["binding"] in ("", "slo_attainment>=0.9")
+        at = run_json(e["settings"], e["replicas"])
+        assert at["slo_attainment"] >= 0.9
+        assert (at["gpus"], at["usd_per_hour"]) == (e["gpus"], e["usd_per_hour"])
+        assert at == e["metrics"]
+        if e["replicas"] > 1:
+            assert run_json(e["settings"], e["replicas"] - 1)["slo_attainment"] < 0.9
+    assert {tuple(sorted(e["settings"])) for e in entries} == {
+        ("engine.max_batch", "fleet.router", "hardware.preset")}
+
+
+def test_the_plan_dataset_ranks_and_is_one_compare_and_plot_accept(eight, tmp_path):
+    entries, out = eight
+    with xr.open_dataset(out) as ds:
+        assert list(ds.replicas.dims) == ["preset", "max_batch", "router"]
+        assert ds.attrs["kind"] == "plan" and ds.attrs["targets"] == "slo_attainment>=0.9"
+        best = ds.where(ds["rank"] == 1, drop=True)
+        assert float(best.usd_per_hour.min()) == entries[0]["usd_per_hour"]
+        for name in ("replicas", "gpus", "usd_per_hour", "usd_per_mtok", "ttft_p99_s"):
+            assert name in ds.data_vars and ds[name].attrs.get("long_name")
+    assert invoke("compare", out, out).exit_code == 0
+    result = invoke("plot", out, "--out", tmp_path / "plan.png")
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "plan.png").stat().st_size > 1000
+
+
+def test_a_candidate_that_never_meets_or_cannot_run_says_so(tmp_path):
+    config = tmp_path / "hard.yaml"
+    config.write_text(f"extends: {ROOT / 'configs/llama70b-tp4.yaml'}\nslo:\n  ttft_s: 2.0\n  tpot_s: 0.05\n"
+                      "workload:\n  n_requests: 1000\n  rate: 60\n"
+                      "sweep:\n  engine.tp: [1, 4]\n  fleet.prefill_replicas: [0, 1]\n")
+    result = invoke("plan", config, "--max-replicas", "3", "--out", tmp_path / "hard.nc")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert sum(" > 3 " in line and "never met: slo_attainment>=0.9" in line for line in lines) == 2
+    assert sum("cannot run (see below)" in line for line in lines) == 2  # 141 GB of weights on one H100
+    assert any(line.startswith("rank 3: cannot run: model.weight_gb (141.1) does not fit") for line in lines)
+    entries = json.loads(invoke("plan", config, "--max-replicas", "4", "--json", "--out", tmp_path / "h.nc").stdout)
+    assert [e["replicas"] for e in entries] == [4, None, None, None]  # then never met, then 2 that cannot run
+    assert entries[1]["binding"] == "never met: slo_attainment>=0.9"
+    assert entries[2]["binding"].startswith("cannot run: model.weight_gb (141.1) does not fit")
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--set", "sweep.fleet.replicas=[1, 2]"], "sweep: fleet.replicas is what fastsim plan chooses"),
+    (["--max-replicas", "0"], "Invalid value for '--max-replicas'"),
+    (["--target", "latency<=1"], "unknown metric 'latency'"),
+])
+def test_plan_bad_input_exits_2(tmp_path, args, message):
+    result = invoke("plan", EIGHT, *args, "--out", tmp_path / "x.nc")
+    assert result.exit_code == 2 and message in result.stderr, result.output
+
+
+def test_plan_needs_a_target(tmp_path):
+    result = invoke("plan", ROOT / "configs/reference.yaml", "--out", tmp_path / "x.nc")
+    assert result.exit_code == 2 and "plan needs a target" in result.stderr
