@@ -191,3 +191,36 @@ def sweep_overhead(points: int = 20_000) -> SweepOverhead:
     if np.isnan(table).all(axis=-1).any():
         raise BenchCheckFailed("sweep overhead: a point was not run")
     return SweepOverhead(grid.size, setup_s, run_s)
+
+
+@dataclass(frozen=True)
+class ColdStart:
+    compiling_s: float  # a fresh process, an empty Numba cache: imports, compiles, one small run
+    cached_s: float  # the same again: the kernels load from the cache
+
+
+COLD_RUN = """
+import fastsim
+from fastsim.bench import SERVING
+config = fastsim.Config().with_values({**SERVING, "workload.n_requests": 2000})
+assert fastsim.simulate(config).metrics["steps"] > 0
+"""
+
+
+def cold_start() -> ColdStart:
+    """What a new user's first run costs: a fresh process on configs/h100.yaml's scenario (2,000
+    requests) with an empty Numba cache, then again with the cache it filled (what every later
+    run costs)."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="fastsim-bench-cache-") as cache:
+        env = {**os.environ, "NUMBA_CACHE_DIR": cache}
+        times = []
+        for _ in range(2):
+            t0 = time.perf_counter()
+            subprocess.run([sys.executable, "-c", COLD_RUN], env=env, check=True)
+            times.append(time.perf_counter() - t0)
+    return ColdStart(*times)

@@ -1,6 +1,7 @@
 """`fastsim run` and `fastsim bench` end to end, including the installed console script."""
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -60,7 +61,7 @@ def test_requests_out_unwritable_exits_2(root, tmp_path):
 
 
 def test_bench_runs_and_checks():
-    result = CliRunner().invoke(app, ["bench", "--n", "20000", "--repeats", "1", "--sweep-points", "400"])
+    result = CliRunner().invoke(app, ["bench", "--n", "20000", "--repeats", "1", "--sweep-points", "400", "--no-cold"])
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     for policy in ("static", "dynamic", "continuous"):
@@ -95,3 +96,13 @@ def test_console_script_installed(root):
         result = subprocess.run([*command, "run", str(root / "configs/reference.yaml"), "--json"],
                                 capture_output=True, text=True, check=True)
         assert json.loads(result.stdout)["steps"] == 77763
+
+
+def test_a_first_run_says_it_compiles_and_a_cached_one_does_not(root, tmp_path):
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+    command = [sys.executable, "-m", "fastsim", "run", str(root / "configs/reference.yaml"), "--set",
+               "workload.n_requests=50", "--json"]
+    first = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+    again = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+    assert first.stderr.strip() == "compiling kernels, first run only (they are cached for the next) ..."
+    assert again.stderr == "" and json.loads(again.stdout) == json.loads(first.stdout)

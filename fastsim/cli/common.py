@@ -81,9 +81,36 @@ def user_errors() -> Iterator[None]:
 
 
 def load(path: Path, sets: list[str] | None) -> Config:
+    """The config a command runs (checked); from here on, a kernel compile is announced."""
     from ..api import load_config
 
+    _announce_compiles()
     return load_config(path, dict(parse_override(s) for s in sets or []))
+
+
+_compile_notice: list = []  # the one registered listener, once registered
+
+
+def _announce_compiles() -> None:
+    """Say once on stderr when Numba starts compiling (an empty or stale cache), never when it
+    only loads compiled kernels from its cache."""
+    if _compile_notice:
+        return
+    from numba.core import event
+
+    class Notice(event.Listener):
+        said = False
+
+        def on_start(self, ev: event.Event) -> None:
+            if not self.said:
+                self.said = True
+                err.print("compiling kernels, first run only (they are cached for the next) ...")
+
+        def on_end(self, ev: event.Event) -> None:
+            pass
+
+    _compile_notice.append(Notice())
+    event.register("numba:compile", _compile_notice[0])
 
 
 def max_memory(text: str | None) -> int | None:

@@ -86,9 +86,10 @@ def bench(
     n: Annotated[int, typer.Option("--n", help="Requests per run.", min=1)] = 1_000_000,
     repeats: Annotated[int, typer.Option(help="Timed runs per case (best is kept).", min=1)] = 5,
     sweep_points: Annotated[int, typer.Option(help="Points of the sweep-overhead grid.", min=4)] = 20_000,
+    cold: Annotated[bool, typer.Option(help="Also time a first run from an empty Numba cache (~15 s).")] = True,
 ) -> None:
     """Measure the simulator's own speed: simulated requests/s per policy, rate and fleet, one core."""
-    from ..bench import BenchCheckFailed, sweep_overhead, traffic_costs
+    from ..bench import BenchCheckFailed, cold_start, sweep_overhead, traffic_costs
     from ..bench import bench as run_bench
 
     err.print(f"benchmarking {n:,} requests per run (numpy traffic), best of {repeats}...")
@@ -111,6 +112,10 @@ def bench(
     o = sweep_overhead(sweep_points)
     out.print(f"sweep overhead: {o.points:,} points of 10 requests, one thread: set-up (validate, block) "
               f"{o.setup_us_per_point:.1f} us/point, running {o.run_us_per_point:.0f} us/point")
+    if cold:
+        c = cold_start()
+        out.print(f"cold start: a fresh process on configs/h100.yaml's scenario (2,000 requests) takes "
+                  f"{c.compiling_s:.1f} s with an empty Numba cache (compiling), {c.cached_s:.1f} s once cached")
 
 
 @app.command()

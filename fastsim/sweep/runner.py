@@ -24,6 +24,9 @@ import numpy as np
 
 from ..analysis.metrics import METRICS
 from ..analysis.simulation import simulate
+from ..engine.checks import check
+from ..engine.kernels import Plan
+from ..engine.router import STATIC
 from ..engine.traffic import generate
 from ..model.schema import Config, ConfigError
 from .checkpoint import Checkpoint
@@ -101,16 +104,38 @@ def _in_process(grid: Grid, blocks: list[np.ndarray], task: Task) -> Results:
         yield run_block(grid, block, task)
 
 
-def warm_up() -> None:
-    """Load (or compile) every kernel, the lesson's and the serving model's, so that workers
-    never compile concurrently."""
-    from ..engine.kernels import POLICIES
+# The axes that can change which kernel a point runs (the lesson's or the serving model's, which
+# policy, which kind of fleet); rates, seeds and lengths never do.
+KERNEL_KEYS = ("engine.", "hardware.", "model.", "calibration.", "fleet.", "workload.prefix_tokens")
 
-    tiny = Config().with_values({"workload.n_requests": 2})
-    serving = {"engine.max_batched_tokens": 64, "engine.kv_cache_gb": 1.0}
-    for policy in POLICIES:
-        simulate(tiny.with_values({"engine.policy": policy}))
-        simulate(tiny.with_values({"engine.policy": policy, **serving}))
+
+def _kernel_kind(config: Config) -> tuple:
+    plan = Plan.of(config)
+    f = config.fleet
+    fleet_kind = ("one" if f.replicas == 1 and not f.prefill_replicas else "disaggregated" if f.prefill_replicas
+                  else "apart" if f.router in STATIC else "pool")
+    return plan.lesson, plan.policy == "continuous", fleet_kind
+
+
+def warm_up(grid: Grid) -> None:
+    """Load (or compile, once) the kernels the grid's points run, before workers call them: each
+    kind of kernel among the values of the axes that choose one, on a few requests."""
+    first = [0] * len(grid.keys)
+    points = [tuple(first)]
+    for a, key in enumerate(grid.keys):
+        if key.startswith(KERNEL_KEYS):
+            points += [tuple(first[:a] + [j] + first[a + 1:]) for j in range(1, len(grid.axes[a]))]
+    kinds: dict[tuple, Config] = {}
+    for idx in points:
+        config = grid.config_at(idx)
+        try:
+            check(config)  # a plan's candidate may be one that cannot run
+        except ConfigError:
+            continue
+        kinds.setdefault(_kernel_kind(config), config)
+    for config in kinds.values():
+        tiny = config.at({"workload.n_requests": 8, "workload.trace": None, "workload.rate": config.workload.rate or 1.0})
+        simulate(tiny, checked=True)
 
 
 def _threads(grid: Grid, blocks: list[np.ndarray], task: Task, workers: int) -> Results:
@@ -148,7 +173,7 @@ def _dask(grid: Grid, blocks: list[np.ndarray], task: Task, scheduler: str, work
         except (OSError, TimeoutError) as exc:
             raise ConfigError(f"--scheduler {scheduler}: cannot reach a Dask scheduler ({exc})") from None
     try:
-        client.run(warm_up)
+        client.run(warm_up, grid)
         shared = client.scatter(grid, broadcast=True)  # sent once, not with every block
         futures = [client.submit(run_block, shared, block, task, pure=False) for block in blocks]
         try:
@@ -198,13 +223,13 @@ def run_grid(
     if not blocks:
         results: Iterator = iter(())
     elif scheduler is not None:
-        warm_up()  # fill Numba's cache here, so local Dask workers only load it
+        warm_up(grid)  # fill Numba's cache here, so local Dask workers only load it
         results = _dask(grid, blocks, task, scheduler, workers)
     elif workers == 1 or len(blocks) == 1 or grid.max_requests * task.seconds_per_request < (
             MIN_REQUESTS_FOR_THREADS * SECONDS_PER_REQUEST):
         results = _in_process(grid, blocks, task)
     else:
-        warm_up()  # compile or load once, before threads call the kernels
+        warm_up(grid)  # compile or load once, before threads call the kernels
         results = _threads(grid, blocks, task, workers)
     try:
         for indices, rows in results:
