@@ -24,8 +24,8 @@ from .sweep.runner import Task, run_grid
 if TYPE_CHECKING:
     import xarray as xr
 
-__all__ = ["Result", "capacity_to_file", "checkpoint_path", "load_config", "plan_to_file", "simulate", "sweep",
-           "sweep_to_file"]
+__all__ = ["Result", "calibrate", "capacity_to_file", "checkpoint_path", "load_config", "plan_to_file", "simulate",
+           "sweep", "sweep_to_file"]
 
 
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Config:
@@ -170,3 +170,19 @@ def plan_to_file(
         io.plan_layout(grid, table, targets, max_replicas).write(out)
         checkpoint_path(out).unlink()
     return grid, table
+
+
+def calibrate(config: Config, measured: list[str | Path], fit: list[str] | None = None, out: str | Path | None = None):
+    """Fit ``config``'s calibration (the keys ``fit``, default every one) to the runs of the
+    ``measured`` files (:mod:`fastsim.analysis.measured`); write the fitted ``calibration:``
+    section to ``out`` (YAML, atomically) when given. Returns the
+    :class:`~fastsim.analysis.calibrate.Fit`."""
+    from .analysis import calibrate as fitting
+    from .analysis.measured import read
+    from .sweep.files import atomic_path
+
+    result = fitting.fit(read([Path(m) for m in measured], config), fitting.fit_keys(fit))
+    if out is not None:
+        with atomic_path(Path(out)) as tmp:
+            tmp.write_text(fitting.calibration_yaml(result))
+    return result

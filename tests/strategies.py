@@ -24,7 +24,8 @@ def oracle_engine(c: Config, prefill: bool = False) -> oracle_serving.Engine:
         e = e.model_copy(update={"tp": f.prefill_tp or e.tp,
                                  "max_batched_tokens": f.prefill_max_batched_tokens or e.max_batched_tokens})
     bw = hw.mem_bandwidth_tb_s * 1e12 * cal.bandwidth_efficiency * e.tp
-    k = [cal.step_overhead_ms / 1e3, m.weight_gb * 1e9 / bw, m.kv_bytes_per_token / bw, 0.0, 0.0, 0.0, 0.0]
+    overhead = cal.step_overhead_ms / 1e3 + (cal.layer_overhead_us * 1e-6 * m.n_layers if m.n_layers else 0.0)
+    k = [overhead, m.weight_gb * 1e9 / bw, m.kv_bytes_per_token / bw, 0.0, 0.0, 0.0, 0.0]
     if hw.peak_tflops is not None and m.params_b is not None:
         flops = hw.peak_tflops * 1e12 * cal.compute_efficiency * e.tp
         k[3] = 2e9 * m.params_b / flops
@@ -78,6 +79,7 @@ def serving_configs(draw) -> Config:
         "hardware.link_gb_s": 450.0,
         "hardware.link_latency_us": draw(st.sampled_from([0.0, 5.0])),
         "calibration.step_overhead_ms": draw(st.sampled_from([0.0, 0.0, 1.5])),
+        "calibration.layer_overhead_us": draw(st.sampled_from([0.0, 0.0, 30.0])),
         "calibration.api_overhead_ms": draw(st.sampled_from([0.0, 0.0, 20.0])),
         "calibration.compute_efficiency": draw(st.sampled_from([1.0, 0.5])),
         "calibration.bandwidth_efficiency": draw(st.sampled_from([1.0, 0.8])),

@@ -1,14 +1,15 @@
 """The ``fastsim`` command: parses arguments, calls the Python API, prints. Nothing else.
 
 Commands by what they do: :mod:`.simulate` (run, sweep, bench, presets), :mod:`.planning`
-(capacity, plan), :mod:`.results` (compare, plot); :mod:`.common` holds what they share."""
+(capacity, plan), :mod:`.calibration` (calibrate), :mod:`.results` (compare, plot);
+:mod:`.common` holds what they share."""
 
 from __future__ import annotations
 
 import os
 import sys
 
-from . import planning, results, simulate  # noqa: F401  (each registers its commands)
+from . import calibration, planning, results, simulate  # noqa: F401  (each registers its commands)
 from .common import app
 
 __all__ = ["app", "main"]

@@ -6,6 +6,9 @@ A = sum n_i (2 c_i + n_i + 1) / 2 query-key pairs of attention, and
 
     step = overhead + max(t_weights + t_kv C,  t_token N + t_pair A) + (t_link + t_link_token N)
 
+where the overhead is ``calibration.step_overhead_ms`` plus ``calibration.layer_overhead_us`` per
+layer (the fixed latencies of each layer's kernels, the same on every tensor-parallel GPU),
+
 the roofline of memory (weights and KV read) against compute (2 FLOPs per parameter per token,
 4 attn_dim FLOPs per query-key pair per layer), plus two all-reduces per layer under tensor
 parallelism. The coefficients are folded once per run (:func:`coefficients`); the lesson's
@@ -31,7 +34,8 @@ def coefficients(config: Config) -> np.ndarray:
     hw, m, e, cal = config.hardware, config.model, config.engine, config.calibration
     bandwidth = hw.mem_bandwidth_tb_s * 1e12 * cal.bandwidth_efficiency * e.tp  # bytes/s, all GPUs
     k = np.zeros(7)
-    k[OVERHEAD] = cal.step_overhead_ms / 1e3
+    # a fixed time per step, and per layer of it (kernel latencies: every GPU runs each layer)
+    k[OVERHEAD] = cal.step_overhead_ms / 1e3 + (cal.layer_overhead_us * 1e-6 * m.n_layers if m.n_layers else 0.0)
     k[T_WEIGHTS] = m.weight_gb * 1e9 / bandwidth
     k[T_KV] = m.kv_bytes_per_token / bandwidth
     if hw.peak_tflops is not None and m.params_b is not None:

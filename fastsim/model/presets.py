@@ -79,6 +79,7 @@ MODEL_SHAPES: dict[str, ModelShape] = {
     "llama-3.1-70b": ModelShape(70.55, 70.55, 80, 8192, 64, 8, 128),
     "llama-2-7b": ModelShape(6.74, 6.74, 32, 4096, 32, 32, 128),
     "llama-2-70b": ModelShape(68.98, 68.98, 80, 8192, 64, 8, 128),
+    "codellama-34b": ModelShape(33.74, 33.74, 48, 8192, 64, 8, 128),
     "qwen2.5-7b": ModelShape(7.62, 7.62, 28, 3584, 28, 4, 128),
     "mistral-7b": ModelShape(7.24, 7.24, 32, 4096, 32, 8, 128),
     # 8 experts, 2 active per token: 12.9 B of 46.7 B parameters work on each token

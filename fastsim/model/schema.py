@@ -191,6 +191,8 @@ class Calibration(_Section):
     compute_efficiency: float = Field(1.0, gt=0, le=1, **_Finite)
     bandwidth_efficiency: float = Field(1.0, gt=0, le=1, **_Finite)
     step_overhead_ms: float = Field(0.0, ge=0, **_Finite)
+    # a fixed time per layer of every step (its kernels' launch and tail latencies), on top
+    layer_overhead_us: float = Field(0.0, ge=0, **_Finite)
     api_overhead_ms: float = Field(0.0, ge=0, **_Finite)
 
 

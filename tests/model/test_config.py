@@ -24,7 +24,7 @@ def test_contract_keys_all_exist():
     model.preset model.params_b model.n_layers model.attn_dim model.hidden
     engine.max_batched_tokens engine.tp engine.kv_alloc engine.block_tokens engine.gpu_memory_utilization
     engine.reserved_gb engine.kv_cache_gb calibration.compute_efficiency calibration.bandwidth_efficiency
-    calibration.step_overhead_ms calibration.api_overhead_ms workload.prefix_tokens workload.arrival
+    calibration.step_overhead_ms calibration.layer_overhead_us calibration.api_overhead_ms workload.prefix_tokens workload.arrival
     workload.burstiness slo.ttft_s slo.tpot_s slo.e2e_s
     fleet.replicas fleet.router fleet.prefill_replicas fleet.prefill_tp fleet.prefill_hardware
     fleet.prefill_max_batched_tokens fleet.kv_link_gb_s fleet.kv_link_latency_ms hardware.usd_per_gpu_hour""".split()

@@ -1,0 +1,174 @@
+"""Measured runs to calibrate against, read from a user's files: each a scenario (the settings it
+ran with, over a base config) and the metrics measured, in fastsim's names and units.
+
+Two formats:
+
+- CSV: a header of dotted config keys (what each row ran: ``model.preset``, ``engine.tp``,
+  ``workload.rate``, ...) and metric names (what was measured: ``ttft_mean_s``, ``e2e_mean_s``,
+  ``itl_p50_s``, ...). Key cells are read as YAML scalars, as ``--set`` reads them.
+- ``vllm bench serve --save-result`` JSON, read as vLLM writes it: ``request_rate`` (``"inf"``:
+  every request at once), ``burstiness`` (1: Poisson arrivals, else gamma), ``max_concurrency``,
+  ``num_prompts``, ``input_lens`` and ``output_lens`` (the requests' lengths, in order) and the
+  measured ``mean_``/``median_``/``pNN_`` of ``ttft_ms``, ``tpot_ms``, ``itl_ms`` and ``e2el_ms``;
+  hardware, model and engine come from the base config. Its central figures (means and medians)
+  are the ones calibrated against: the model has no jitter, so its tails are not fitted.
+
+Every problem is a :class:`ConfigError` naming the file, and the row and column where there are.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..engine import checks
+from ..engine.traffic import Traffic, generate
+from ..model.loading import parse_override
+from ..model.schema import LEAF_KEYS, Config, ConfigError
+from .metrics import METRICS
+
+
+@dataclass(frozen=True)
+class Measured:
+    source: str  # "runs.csv row 3", "bench.json"
+    settings: dict[str, Any]  # dotted keys over the base config
+    config: Config  # the base config with them (checked)
+    metrics: dict[str, float]  # measured, fastsim's names and units
+    traffic: Traffic | None = None  # the exact requests, when the file gives their lengths
+
+
+def _checked(config: Config, settings: dict[str, Any], where: str) -> Config:
+    try:
+        run = config.with_values(settings)
+        checks.check(run)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    return run
+
+
+def read_csv(path: Path, config: Config) -> list[Measured]:
+    """One run per row of a CSV of config keys and measured metrics."""
+    try:
+        with open(path, newline="") as f:
+            rows = list(csv.reader(f))
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
+    if not rows:
+        raise ConfigError(f"{path}: empty (expected a header of config keys and metric names)")
+    header = [c.strip() for c in rows[0]]
+    for column in header:
+        if column not in LEAF_KEYS and column not in METRICS:
+            raise ConfigError(f"{path}: column {column!r} is neither a config key (such as workload.rate) nor a "
+                              f"fastsim metric (such as ttft_mean_s; all: {', '.join(METRICS)})")
+    metrics = [c for c in header if c in METRICS]
+    if not metrics:
+        raise ConfigError(f"{path}: no measured metric among the columns (such as ttft_mean_s, e2e_mean_s)")
+    runs = []
+    for line, row in enumerate(rows[1:], start=2):
+        if not any(c.strip() for c in row):
+            continue
+        if len(row) != len(header):
+            raise ConfigError(f"{path}: row {line}: {len(row)} cells for {len(header)} columns")
+        settings, measured = {}, {}
+        for column, cell in zip(header, row):
+            cell = cell.strip()
+            if column in METRICS:
+                measured[column] = _measurement(path, line, column, cell)
+            elif cell:
+                settings[column] = parse_override(f"{column}={cell}")[1]
+        runs.append(Measured(f"{path.name} row {line}", settings,
+                             _checked(config, settings, f"{path}: row {line}"), measured))
+    if not runs:
+        raise ConfigError(f"{path}: no runs (a header and no rows)")
+    return runs
+
+
+def _measurement(path: Path, line: int, column: str, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f"{path}: row {line}, column {column}: not a number ({text!r})") from None
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"{path}: row {line}, column {column}: {text!r} is not a positive finite measurement")
+    return value
+
+
+# vLLM's statistic -> fastsim's, for each vLLM metric (ms) and fastsim prefix (s)
+VLLM_METRICS = {"ttft": "ttft", "tpot": "tpot", "itl": "itl", "e2el": "e2e"}
+CENTRAL = {"mean": "mean", "median": "p50"}
+
+
+def read_vllm_json(path: Path, config: Config) -> Measured:
+    """One run from a ``vllm bench serve --save-result`` JSON file."""
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: not JSON ({exc.msg}, line {exc.lineno})") from None
+    if not isinstance(data, dict) or "request_rate" not in data:
+        raise ConfigError(f"{path}: not a vllm bench serve result (no request_rate)")
+    if data.get("max_concurrency") is not None:
+        raise ConfigError(f"{path}: max_concurrency {data['max_concurrency']}: a client that holds requests back "
+                          "(a closed loop) is not modelled; measure with --max-concurrency unset")
+    rate = data["request_rate"]
+    burstiness = float(data.get("burstiness", 1.0))
+    try:
+        inputs = np.asarray(data["input_lens"], dtype=np.int64)
+        outputs = np.asarray(data["output_lens"], dtype=np.int64)
+    except KeyError as exc:
+        raise ConfigError(f"{path}: no {exc.args[0]} (save the result with --save-detailed)") from None
+    except (TypeError, ValueError):
+        raise ConfigError(f"{path}: input_lens and output_lens must be lists of token counts") from None
+    n = int(data.get("num_prompts", inputs.size))
+    if inputs.size != outputs.size or inputs.size != n:
+        raise ConfigError(f"{path}: {inputs.size} input_lens and {outputs.size} output_lens for num_prompts {n}")
+    if n < 1 or inputs.min() < 1 or outputs.min() < 1:
+        raise ConfigError(f"{path}: input_lens and output_lens must be at least 1 token each")
+    measured = {}
+    for vllm, ours in VLLM_METRICS.items():
+        for stat, q in CENTRAL.items():
+            value = data.get(f"{stat}_{vllm}_ms")
+            name = f"{ours}_{q}_s"
+            if value is not None and name in METRICS:
+                if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                    raise ConfigError(f"{path}: {stat}_{vllm}_ms: {value!r} is not a positive finite measurement")
+                measured[name] = value / 1e3
+    if not measured:
+        raise ConfigError(f"{path}: no measured mean_ or median_ of ttft_ms, tpot_ms, itl_ms or e2el_ms")
+    at_once = rate == "inf" or (isinstance(rate, (int, float)) and math.isinf(rate))
+    if not at_once and not (isinstance(rate, (int, float)) and rate > 0):
+        raise ConfigError(f"{path}: request_rate {rate!r} is neither a positive number nor \"inf\"")
+    settings = {"workload.n_requests": n, "workload.rate": 1.0 if at_once else float(rate), "workload.rng": "numpy",
+                "workload.arrival": "poisson" if burstiness == 1 else "gamma", "workload.burstiness": burstiness,
+                "workload.prompt.dist": "fixed", "workload.prompt.value": int(inputs.max()),
+                "workload.output.dist": "fixed", "workload.output.value": int(outputs.max()),
+                "workload.output.max": int(outputs.max()), "workload.trace": None}
+    run = _checked(config, settings, str(path))  # the longest request must fit the KV cache
+    arrival = np.zeros(n) if at_once else generate(run.workload).arrival_s
+    return Measured(path.name, {k: settings[k] for k in ("workload.n_requests", "workload.rate",
+                                                          "workload.arrival", "workload.burstiness")},
+                    run, measured, Traffic(arrival, inputs, outputs))
+
+
+def read(paths: list[Path], config: Config) -> list[Measured]:
+    """Every run of every file (told apart by their suffix: .json is vLLM's, else CSV)."""
+    runs: list[Measured] = []
+    for path in paths:
+        path = Path(path)
+        if not path.exists():
+            raise ConfigError(f"{path}: no such file")
+        runs += [read_vllm_json(path, config)] if path.suffix.lower() == ".json" else read_csv(path, config)
+    return runs
+
+
+def describe(run: Measured) -> str:
+    """A run's settings in a few words (its dotted keys' last components)."""
+    return ", ".join(f"{re.sub(r'^.*[.]', '', k)} {v}" for k, v in run.settings.items()) or "the config"

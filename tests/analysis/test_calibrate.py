@@ -1,0 +1,174 @@
+"""`fastsim calibrate`: it recovers a calibration from runs simulated with it, reads vLLM's result
+files, refuses bad files naming the file, row and column, and the shipped calibration is its fit
+of the open measurements."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from fastsim import load_config, simulate
+from fastsim.cli import app
+
+from ..conftest import ROOT
+
+BASE = ROOT / "configs/calibration/vllm-h100.yaml"
+TRUTH = {"calibration.compute_efficiency": 0.75, "calibration.bandwidth_efficiency": 0.8,
+         "calibration.step_overhead_ms": 2.0, "calibration.layer_overhead_us": 25.0,
+         "calibration.api_overhead_ms": 8.0}
+FITTED = ("ttft_mean_s", "e2e_mean_s")
+
+
+def invoke(*args):
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def truly(settings: dict, n: int = 1500) -> dict:
+    """What a run of ``settings`` measures if TRUTH is the engine's real calibration."""
+    return simulate(load_config(BASE, {**settings, **TRUTH, "workload.n_requests": n})).metrics
+
+
+def write_csv(path, runs):
+    keys = sorted({k for settings, _ in runs for k in settings})
+    lines = [",".join(keys + list(FITTED))]
+    for settings, metrics in runs:
+        lines.append(",".join([str(settings[k]) for k in keys] + [repr(metrics[m]) for m in FITTED]))
+    path.write_text("\n".join(lines) + "\n")
+
+
+SIX = [{"model.preset": "llama-2-7b", "engine.tp": 1, "workload.rate": r, "workload.prompt.value": p}
+       for r, p in ((4, 575), (14, 575), (8, 2000))] + \
+      [{"model.preset": "llama-2-70b", "engine.tp": 4, "workload.rate": r, "workload.prompt.value": p}
+       for r, p in ((3, 575), (9, 575), (4, 2000))]
+OTHERS = [{"model.preset": "llama-2-7b", "engine.tp": 1, "workload.rate": 10, "workload.prompt.value": 1200},
+          {"model.preset": "codellama-34b", "engine.tp": 2, "workload.rate": 6, "workload.prompt.value": 575},
+          {"model.preset": "llama-2-70b", "engine.tp": 4, "workload.rate": 6, "workload.prompt.value": 300}]
+
+
+def test_a_known_calibration_is_recovered_well_enough_to_predict_other_scenarios(tmp_path):
+    measured = tmp_path / "six.csv"
+    write_csv(measured, [({**s, "workload.n_requests": 1500}, truly(s)) for s in SIX])
+    out = tmp_path / "fit.yaml"
+    result = invoke("calibrate", BASE, measured, "--out", out, "--json")
+    assert result.exit_code == 0, result.output
+    fit = json.loads(result.stdout)
+    assert all(abs(e) < 0.02 for e in fit["median_abs_error"].values())
+    fitted = yaml.safe_load(out.read_text())["calibration"]
+    for settings in OTHERS:
+        want = truly(settings)
+        got = simulate(load_config(BASE, {**settings, **{f"calibration.{k}": v for k, v in fitted.items()},
+                                          "workload.n_requests": 1500})).metrics
+        for name in FITTED:
+            assert got[name] == pytest.approx(want[name], rel=0.03), (settings, name)
+
+
+def vllm_result(path, rate, lens, calibration=TRUTH, burstiness=1.0):
+    """A vllm bench serve --save-result file of ``lens`` at ``rate``, as TRUTH's engine runs it:
+    the fields vLLM writes (metrics in ms; tails too, which the fit leaves alone)."""
+    from fastsim.analysis.measured import read_vllm_json
+
+    inputs, outputs = lens
+    result = {"date": "20261203-120000", "backend": "vllm", "model_id": "meta-llama/Llama-2-7b-hf",
+              "num_prompts": len(inputs), "request_rate": rate, "burstiness": burstiness, "max_concurrency": None,
+              "duration": 100.0, "completed": len(inputs), "input_lens": inputs, "output_lens": outputs,
+              "mean_ttft_ms": 1.0}
+    path.write_text(json.dumps(result))
+    run = read_vllm_json(path, load_config(BASE, {"model.preset": "llama-2-7b", "engine.tp": 1}))
+    m = simulate(run.config.with_values(calibration), run.traffic).metrics
+    for ours, theirs in (("ttft", "ttft"), ("tpot", "tpot"), ("itl", "itl"), ("e2e", "e2el")):
+        if f"{ours}_mean_s" in m:
+            result[f"mean_{theirs}_ms"] = m[f"{ours}_mean_s"] * 1e3
+        result[f"median_{theirs}_ms"] = m[f"{ours}_p50_s"] * 1e3
+        result[f"p99_{theirs}_ms"] = m[f"{ours}_p99_s"] * 1e3
+    path.write_text(json.dumps(result))
+    return m
+
+
+def lengths(seed, n=1200):
+    rng = np.random.default_rng(seed)
+    return (np.clip(rng.lognormal(6.3, 0.6, n), 16, 3000).astype(int).tolist(),
+            np.clip(rng.lognormal(5.0, 0.7, n), 2, 1000).astype(int).tolist())
+
+
+def test_vllm_bench_results_calibrate_and_predict_a_fourth_rate(tmp_path):
+    files = []
+    for i, rate in enumerate((4, 9, 14)):
+        files.append(tmp_path / f"bench-{rate}qps.json")
+        vllm_result(files[-1], rate, lengths(i), burstiness=1.0 if i else 0.5)
+    out = tmp_path / "fit.yaml"
+    result = invoke("calibrate", BASE, *files, "--set", "model.preset=llama-2-7b", "--set", "engine.tp=1",
+                    "--out", out, "--json")
+    assert result.exit_code == 0, result.output
+    fit = json.loads(result.stdout)
+    for run in fit["runs"]:
+        assert set(run["measured"]) == {"ttft_mean_s", "ttft_p50_s", "tpot_p50_s", "itl_p50_s", "e2e_mean_s",
+                                        "e2e_p50_s"}  # central figures only: the model has no jitter
+        for name in FITTED:
+            assert run["after"][name] == pytest.approx(run["measured"][name], rel=0.06)
+    fitted = {f"calibration.{k}": v for k, v in yaml.safe_load(out.read_text())["calibration"].items()}
+    fourth = tmp_path / "bench-18qps.json"
+    want = vllm_result(fourth, 18, lengths(9))
+    got = vllm_result(tmp_path / "bench-18qps-fitted.json", 18, lengths(9), fitted)
+    for name in FITTED:
+        assert got[name] == pytest.approx(want[name], rel=0.06), name
+
+
+BAD = [
+    ("runs.csv", "model.preset,workload.rate,latency_s\nllama-2-7b,8,1\n",
+     "runs.csv: column 'latency_s' is neither a config key (such as workload.rate) nor a fastsim metric"),
+    ("runs.csv", "model.preset,workload.rate\nllama-2-7b,8\n", "runs.csv: no measured metric among the columns"),
+    ("runs.csv", "model.preset,workload.rate,ttft_mean_s\nllama-2-7b,8,0.03\nllama-2-7b,20,nan\n",
+     "runs.csv: row 3, column ttft_mean_s: 'nan' is not a positive finite measurement"),
+    ("runs.csv", "model.preset,workload.rate,ttft_mean_s\nllama-2-7b,8,\n",
+     "runs.csv: row 2, column ttft_mean_s: not a number ('')"),
+    ("runs.csv", "model.preset,workload.rate,ttft_mean_s\nllama-9,8,0.03\n",
+     "runs.csv: row 2: model.preset: unknown model preset 'llama-9'"),
+    ("runs.csv", "model.preset,engine.tp,ttft_mean_s\nllama-2-70b,1,0.03\n",
+     "runs.csv: row 2: model.weight_gb (137.96) does not fit: engine.tp (1)"),
+    ("runs.csv", "model.preset,workload.rate,ttft_mean_s\nllama-2-7b,8,0.03,4\n", "runs.csv: row 2: 4 cells for 3 columns"),
+    ("runs.csv", "", "runs.csv: empty"),
+    ("bench.json", "{not json", "bench.json: not JSON"),
+    ("bench.json", '{"date": 1}', "bench.json: not a vllm bench serve result (no request_rate)"),
+    ("bench.json", '{"request_rate": 4, "max_concurrency": 8, "input_lens": [10], "output_lens": [5]}',
+     "bench.json: max_concurrency 8: a client that holds requests back (a closed loop) is not modelled"),
+    ("bench.json", '{"request_rate": 4, "num_prompts": 1, "mean_ttft_ms": 20}',
+     "bench.json: no input_lens (save the result with --save-detailed)"),
+    ("bench.json", '{"request_rate": 4, "num_prompts": 2, "input_lens": [10], "output_lens": [5], "mean_ttft_ms": 20}',
+     "bench.json: 1 input_lens and 1 output_lens for num_prompts 2"),
+    ("bench.json", '{"request_rate": -4, "num_prompts": 1, "input_lens": [10], "output_lens": [5], "mean_ttft_ms": 20}',
+     "bench.json: request_rate -4 is neither a positive number nor \"inf\""),
+    ("bench.json", '{"request_rate": 4, "num_prompts": 1, "input_lens": [10], "output_lens": [5]}',
+     "bench.json: no measured mean_ or median_ of ttft_ms"),
+]
+
+
+@pytest.mark.parametrize("name,text,message", BAD, ids=[m[:45] for _, _, m in BAD])
+def test_bad_measured_files_exit_2_naming_file_row_and_column(tmp_path, name, text, message):
+    (tmp_path / name).write_text(text)
+    result = invoke("calibrate", BASE, tmp_path / name, "--out", tmp_path / "fit.yaml")
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 2  # the line announcing the fit, then the error
+
+
+def test_bad_fit_keys_and_missing_files_exit_2(tmp_path):
+    result = invoke("calibrate", BASE, ROOT / "configs/calibration/vllm-h100.csv", "--fit", "speed")
+    assert result.exit_code == 2 and "--fit speed: not a calibration key (valid: compute_efficiency" in result.stderr
+    result = invoke("calibrate", BASE, tmp_path / "none.csv")
+    assert result.exit_code == 2 and "none.csv: no such file" in result.stderr
+
+
+def test_a_subset_of_keys_is_fitted_alone(tmp_path):
+    out = tmp_path / "fit.yaml"
+    result = invoke("calibrate", BASE, ROOT / "configs/calibration/vllm-h100.csv", "--fit", "api_overhead_ms",
+                    "--out", out, "--json")
+    assert result.exit_code == 0, result.output
+    fit = json.loads(result.stdout)
+    assert list(fit["calibration"]) == ["api_overhead_ms"]
+    written = yaml.safe_load(out.read_text())["calibration"]
+    base = load_config(BASE).calibration
+    assert written["compute_efficiency"] == base.compute_efficiency  # the others as the config has them
+    assert written["api_overhead_ms"] == pytest.approx(fit["calibration"]["api_overhead_ms"], abs=1e-6)
