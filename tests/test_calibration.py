@@ -51,6 +51,20 @@ def test_readme_table_is_todays_prediction(root, predicted):
 
 
 def test_mean_latencies_stay_within_the_stated_errors(predicted):
-    for key, (ttft, _, e2e, _) in predicted.items():
-        assert abs(e2e / MEASURED[key][2] - 1) <= 0.13 + 0.005, key
-        assert abs(ttft / MEASURED[key][0] - 1) <= 0.45 + 0.005, key
+    ttft = sorted(abs(t / MEASURED[key][0] - 1) for key, (t, _, _, _) in predicted.items())
+    for key, (_, _, e2e, _) in predicted.items():
+        assert abs(e2e / MEASURED[key][2] - 1) <= 0.10, key
+    assert ttft[2] <= 0.30 and ttft[3] <= 0.50  # three of four within 30 %; the stalls of the fourth
+
+
+def test_the_shipped_calibration_is_the_fit_of_the_open_data(root):
+    """configs/h100.yaml carries what `fastsim calibrate` fits to the measured runs, from the
+    values the calibration config starts at (README "Calibration")."""
+    folder = root / "configs/calibration"
+    fit = fastsim.calibrate(fastsim.load_config(folder / "vllm-h100.yaml"), [folder / "vllm-h100.csv"])
+    shipped = fastsim.load_config(root / "configs/h100.yaml").calibration.model_dump()
+    for key, value in fit.after.items():
+        name = key.removeprefix("calibration.")
+        assert shipped[name] == pytest.approx(value, rel=2e-3, abs=0.01), name
+    errors = fit.errors(fit.predicted_after)
+    assert sorted(abs(e) for e in errors["e2e_mean_s"])[-1] < 0.10

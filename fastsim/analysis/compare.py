@@ -3,7 +3,9 @@
 Each metric has a direction: throughput, goodput, attainment and capacity should not fall;
 latencies, queues, preemptions, GPUs, replicas and prices should not rise. A point regresses when its metric moved the
 wrong way by more than ``rtol`` (relative to the baseline); improvements are reported and never
-fail. Modelled on asv's ``compare --factor`` and pytest-benchmark's ``--benchmark-compare-fail``.
+fail, unless ``drift``: then any change beyond ``rtol`` fails, either way (a regression check of the
+simulator itself, where a prediction that moved is a change to explain, better or worse).
+Modelled on asv's ``compare --factor`` and pytest-benchmark's ``--benchmark-compare-fail``.
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ class MetricReport:
 class Report:
     rtol: float
     metrics: dict[str, MetricReport]
-    regressed_points: list[dict[str, Any]]  # metric, at, baseline, candidate, change
+    regressed_points: list[dict[str, Any]]  # metric, at, baseline, candidate, change (with drift: any way)
+    drift: bool = False
 
     @property
     def regressed(self) -> bool:
@@ -52,6 +55,7 @@ class Report:
     def as_json(self) -> dict[str, Any]:
         return {
             "rtol": self.rtol,
+            "drift": self.drift,
             "regressed": self.regressed,
             "metrics": {
                 name: {"direction": "higher is better" if r.direction > 0 else "lower is better",
@@ -88,8 +92,10 @@ def _plain(value: Any) -> Any:
     return None if isinstance(value, float) and math.isnan(value) else value
 
 
-def compare(baseline: Path, candidate: Path, rtol: float = 0.05, metrics: list[str] | None = None) -> Report:
-    """Compare ``candidate`` with ``baseline``; ConfigError when they cannot be compared."""
+def compare(baseline: Path, candidate: Path, rtol: float = 0.05, metrics: list[str] | None = None,
+            drift: bool = False) -> Report:
+    """Compare ``candidate`` with ``baseline`` (``drift``: a change either way fails); ConfigError
+    when they cannot be compared."""
     base, cand = open_dataset(baseline), open_dataset(candidate)
     if list(base.indexes) != list(cand.indexes):
         raise ConfigError(f"axes differ: baseline {tuple(base.indexes)} vs candidate {tuple(cand.indexes)}")
@@ -105,7 +111,7 @@ def compare(baseline: Path, candidate: Path, rtol: float = 0.05, metrics: list[s
                 raise ConfigError(f"metric {name!r} is not in the {label} ({baseline if label == 'baseline' else candidate})")
         if direction(name) == 0:
             raise ConfigError(f"metric {name!r} has no better direction to compare")
-    report = Report(rtol, {}, [])
+    report = Report(rtol, {}, [], drift)
     for name in names:
         sign = direction(name)
         a = base[name].transpose(*base.indexes).values.astype(float)
@@ -116,15 +122,16 @@ def compare(baseline: Path, candidate: Path, rtol: float = 0.05, metrics: list[s
         change = np.where(np.isfinite(a) & np.isnan(b), -np.inf, change)  # became undefined: worse
         change = np.where(np.isnan(a) & np.isfinite(b), 0.0, change)
         r = MetricReport(sign)
-        worse = change < -rtol
+        worse, better = change < -rtol, change > rtol
         r.regressions = int(worse.sum())
-        r.improvements = int((change > rtol).sum())
+        r.improvements = int(better.sum())
+        failed = worse | better if drift else worse
         flat = int(np.argmin(change)) if change.size else 0
         if change.size:
             r.worst_change = float(change.flat[flat])
             idx = np.unravel_index(flat, change.shape) if change.ndim else ()
             r.worst_at = {d: _plain(base[d].values[i]) for d, i in zip(base.indexes, idx)}
-        for idx in zip(*np.nonzero(worse)) if change.ndim else ([()] if worse else []):
+        for idx in zip(*np.nonzero(failed)) if change.ndim else ([()] if failed else []):
             at = {d: _plain(base[d].values[i]) for d, i in zip(base.indexes, idx)}
             report.regressed_points.append({"metric": name, "at": at, "baseline": float(a[idx]),
                                             "candidate": float(b[idx]), "change": float(change[idx])})

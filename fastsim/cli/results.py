@@ -19,14 +19,17 @@ def compare(
     metric: Annotated[
         Optional[list[str]], typer.Option("--metric", help="Compare only these metrics (repeatable).")
     ] = None,
+    drift: Annotated[bool, typer.Option("--drift", help="Fail on a change beyond --rtol either way, better or "
+                                                        "worse (a check that the model has not moved).")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Compare two sweep, capacity or plan datasets point by point. Exit 0: nothing got worse
-    beyond --rtol; 1: a regression (the points are listed); 2: the datasets cannot be compared."""
+    beyond --rtol (with --drift: nothing changed); 1: a regression (the points are listed); 2: the
+    datasets cannot be compared."""
     from ..analysis.compare import compare as run_compare
 
     with user_errors():
-        report = run_compare(baseline, candidate, rtol, metric)
+        report = run_compare(baseline, candidate, rtol, metric, drift)
     if as_json:
         typer.echo(json.dumps(report.as_json()))
     else:
@@ -40,7 +43,8 @@ def compare(
         if report.regressed:
             shown = report.regressed_points[:20]
             more = ", the first 20" if len(shown) < len(report.regressed_points) else ""
-            print_table(f"{len(report.regressed_points)} regressed point(s){more}",
+            what = "changed" if drift else "regressed"
+            print_table(f"{len(report.regressed_points)} {what} point(s){more}",
                         ["metric", "at", "baseline", "candidate", "change"],
                         [[p["metric"], where(p["at"]), f"{p['baseline']:.6g}", f"{p['candidate']:.6g}",
                           f"{p['change']:+.1%}"] for p in shown])

@@ -93,6 +93,10 @@ def _can_run(config: Config) -> None:
             f"workload.prefix_tokens ({w.prefix_tokens}) must be shorter than every prompt "
             f"(the shortest workload.prompt is {w.prompt.smallest})"
         )
+    cal = config.calibration
+    if cal.layer_overhead_us and config.model.n_layers is None:
+        raise ConfigError(f"calibration.layer_overhead_us ({cal.layer_overhead_us:g}) needs model.n_layers "
+                          f"(a model.preset sets it)")
     _engine_runs(config, w.max_output)
     f, policy = config.fleet, config.engine.policy
     if f.router in LOAD_AWARE_ROUTERS and policy != "continuous":

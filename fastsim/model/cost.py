@@ -35,7 +35,7 @@ def coefficients(config: Config) -> np.ndarray:
     bandwidth = hw.mem_bandwidth_tb_s * 1e12 * cal.bandwidth_efficiency * e.tp  # bytes/s, all GPUs
     k = np.zeros(7)
     # a fixed time per step, and per layer of it (kernel latencies: every GPU runs each layer)
-    k[OVERHEAD] = cal.step_overhead_ms / 1e3 + (cal.layer_overhead_us * 1e-6 * m.n_layers if m.n_layers else 0.0)
+    k[OVERHEAD] = cal.step_overhead_ms / 1e3 + cal.layer_overhead_us * 1e-6 * (m.n_layers or 0)
     k[T_WEIGHTS] = m.weight_gb * 1e9 / bandwidth
     k[T_KV] = m.kv_bytes_per_token / bandwidth
     if hw.peak_tflops is not None and m.params_b is not None:

@@ -132,6 +132,10 @@ def test_compare_names_a_regressed_point(reference_nc, tmp_path):
     assert report["metrics"]["ttft_p99_s"]["improvements"] == 1
     assert invoke("compare", reference_nc, path, "--rtol", "0.2").exit_code == 0
     assert invoke("compare", reference_nc, path, "--metric", "ttft_p99_s").exit_code == 0
+    # --drift: the improvement is a change too
+    drifted = invoke("compare", reference_nc, path, "--metric", "ttft_p99_s", "--drift")
+    assert drifted.exit_code == 1 and "1 changed point(s)" in drifted.stdout and "rate=8.0, policy=static" in drifted.stdout
+    assert invoke("compare", reference_nc, path, "--drift", "--rtol", "0.6").exit_code == 0
 
 
 def test_compare_refuses_what_cannot_be_compared(root, reference_nc, tmp_path):

@@ -23,6 +23,7 @@ NEVER = [
     ({"engine.max_batched_tokens": 32}, "engine.max_batched_tokens (32) must be at least the running limit"),
     ({"engine.tp": 2}, "engine.tp (2) > 1 needs hardware.link_gb_s and model.n_layers and model.hidden"),
     ({"engine.kv_alloc": "lazy"}, "engine.kv_alloc: Input should be 'paged' or 'reserve'"),
+    ({"calibration.layer_overhead_us": 10}, "calibration.layer_overhead_us (10) needs model.n_layers"),
 ]
 
 
