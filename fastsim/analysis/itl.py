@@ -104,19 +104,33 @@ def _split(k, runs, whole, cr, ca, cb, gaps, lows, highs, below, kr, ka, kb, kep
     """One pass over the stretches of runs and the gaps, for every window
     [lows[i], highs[i]]: count into ``below[i]`` the gaps under it and keep into row i of kr,
     ka, kb the stretches reaching into it (``kept[i]`` of them; past the rows' room only
-    counted)."""
+    counted).
+
+    A stretch costs one duration, its last step's, and a bound on its first: a step takes at
+    most ``w * max(t_kv, t_pair)`` longer than the one before (the memory and the compute side
+    each grow by that much, the rest not at all), so a stretch whose last duration minus that
+    growth is still above a window is above it, and only the few near a window compute more.
+    Counting below is a multiply, not a branch: half the stretches are below the median."""
     room = kr.shape[1]
+    growth = max(k[2], k[4]) * (1.0 + 1e-9)  # per step and request, with room for rounding
+    lowest = lows.min()
     for c in range(runs.shape[0] if whole else cr.size):
         r, ja, jb = _stretch(runs, whole, cr, ca, cb, c)
         w = run_w(runs, r)
-        da = _duration(k, runs, r, ja)
         db = _duration(k, runs, r, jb)
         steps = (jb - ja + 1) * w
+        if db < lowest:  # below every window
+            for i in range(lows.size):
+                below[i] += steps
+            continue
+        floor = db - (jb - ja) * w * growth - 1e-12 * db  # <= the first step's duration
         for i in range(lows.size):
             low, high = lows[i], highs[i]
-            if db < low or da > high:  # wholly below or above: no branch on which (half are below)
-                below[i] += steps * (db < low)
-            else:  # it reaches into the window: clip it to the window
+            below[i] += steps * (db < low)
+            if db >= low and floor <= high:  # it may reach into the window
+                da = _duration(k, runs, r, ja)
+                if da > high:
+                    continue
                 first = ja if da >= low else _first(k, runs, r, ja, jb, da, db, low, False)
                 d_first = _duration(k, runs, r, first)
                 last = jb if db <= high else _first(k, runs, r, first, jb, d_first, db, high, True) - 1
@@ -186,7 +200,7 @@ def _select(k, runs, cr, ca, cb, gaps, ranks: np.ndarray, count: int, parent: in
     widen = np.ones(ranks.size)
     todo = np.arange(ranks.size)
     out = [0.0] * ranks.size
-    room = max(1024, (runs.shape[0] if whole else cr.size) // 16)
+    room = max(1024, runs.shape[0] // 16) if whole else max(1, cr.size)  # a narrowing keeps at most all
     while todo.size:
         lows, highs = _windows(values, weights, ranks[todo] / count, widen[todo])
         below = np.zeros(todo.size, np.int64)
@@ -220,7 +234,7 @@ def quantiles(k: np.ndarray, runs: np.ndarray, gaps: np.ndarray, total: int, ps:
     if total == 0:
         return [float("nan")] * len(ps)
     ranks = np.array([min(total - 1, int(p * total)) for p in ps], dtype=np.int64)
-    if int(run_lengths(runs).sum()) + gaps.size <= LIST_MAX:  # a small run: list every gap
+    if runs.shape[0] <= LIST_MAX and int(run_lengths(runs).sum()) + gaps.size <= LIST_MAX:  # small: list every gap
         every = np.arange(runs.shape[0], dtype=np.int64)
         return _select(k, runs, every, np.zeros_like(every), run_lengths(runs).astype(np.int64) - 1, gaps, ranks, total)
     return _select(k, runs, None, None, None, gaps, ranks, total)
