@@ -164,10 +164,40 @@ def _listing(k, runs, cr, ca, cb, gaps):
     return values, weights
 
 
-def _weighted_rank(values: np.ndarray, weights: np.ndarray, rank: int) -> float:
-    """The value of 0-based ``rank`` when each ``values[i]`` counts ``weights[i]`` times."""
-    order = np.argsort(values, kind="stable")
-    return float(values[order][np.searchsorted(np.cumsum(weights[order]), rank, side="right")])
+@jit
+def _weighted_ranks(values, weights, ranks):
+    """The values of 0-based ``ranks`` when each ``values[i]`` counts ``weights[i]`` times. A selection, not a sort: one pass bins the weights over equal bins between the
+    extremes (about eight values a bin), then each rank's bin alone is sorted."""
+    out = np.empty(ranks.size)
+    lo, hi = values.min(), values.max()
+    if not hi > lo:
+        out[:] = lo
+        return out
+    bins = max(16, values.size // 8)
+    scale = bins / (hi - lo)
+    cum = np.zeros(bins + 1, np.int64)  # cum[b]: the weight below bin b
+    for i in range(values.size):
+        cum[min(int((values[i] - lo) * scale), bins - 1) + 1] += weights[i]
+    for b in range(bins):
+        cum[b + 1] += cum[b]
+    for t in range(ranks.size):
+        b = np.searchsorted(cum, ranks[t], side="right") - 1
+        inside = np.empty(min(values.size, cum[b + 1] - cum[b]))  # each value weighs at least 1
+        inside_w = np.empty(inside.size, np.int64)
+        m = 0
+        for i in range(values.size):
+            if min(int((values[i] - lo) * scale), bins - 1) == b:
+                inside[m] = values[i]
+                inside_w[m] = weights[i]
+                m += 1
+        order = np.argsort(inside[:m])
+        left = ranks[t] - cum[b]
+        for j in order:
+            left -= inside_w[j]
+            if left < 0:
+                out[t] = inside[j]
+                break
+    return out
 
 
 def _windows(values: np.ndarray, weights: np.ndarray, fractions: np.ndarray, widen: np.ndarray
@@ -194,8 +224,7 @@ def _select(k, runs, cr, ca, cb, gaps, ranks: np.ndarray, count: int, parent: in
     if whole:
         cr = ca = cb = np.empty(0, np.int64)
     if not whole and (int((cb - ca + 1).sum()) + gaps.size <= LIST_MAX or count == parent):
-        values, weights = _listing(k, runs, cr, ca, cb, gaps)
-        return [_weighted_rank(values, weights, int(rank)) for rank in ranks]
+        return _weighted_ranks(*_listing(k, runs, cr, ca, cb, gaps), ranks).tolist()
     values, weights = _sample(k, runs, whole, cr, ca, cb, gaps, SAMPLES)
     widen = np.ones(ranks.size)
     todo = np.arange(ranks.size)
@@ -234,7 +263,9 @@ def quantiles(k: np.ndarray, runs: np.ndarray, gaps: np.ndarray, total: int, ps:
     if total == 0:
         return [float("nan")] * len(ps)
     ranks = np.array([min(total - 1, int(p * total)) for p in ps], dtype=np.int64)
-    if runs.shape[0] <= LIST_MAX and int(run_lengths(runs).sum()) + gaps.size <= LIST_MAX:  # small: list every gap
-        every = np.arange(runs.shape[0], dtype=np.int64)
-        return _select(k, runs, every, np.zeros_like(every), run_lengths(runs).astype(np.int64) - 1, gaps, ranks, total)
+    if runs.shape[0] <= LIST_MAX:
+        lengths = run_lengths(runs).astype(np.int64)
+        if int(lengths.sum()) + gaps.size <= LIST_MAX:  # a small run: list every gap
+            every = np.arange(runs.shape[0], dtype=np.int64)
+            return _select(k, runs, every, np.zeros_like(every), lengths - 1, gaps, ranks, total)
     return _select(k, runs, None, None, None, gaps, ranks, total)
