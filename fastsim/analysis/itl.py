@@ -10,7 +10,7 @@ one contiguous stretch, found by a short search.
 Selection, for every wanted rank at once: a sample of the runs (each standing for its gaps at its
 middle step's value) brackets each rank in a narrow window of values. One pass over every run
 then counts the gaps below each window and keeps the runs reaching into it (a run wholly below
-or above costs its two end durations); should a window miss its rank, it widens and the pass runs
+or above costs its last duration and a bound on its first); should a window miss its rank, it widens and the pass runs
 again. Among the runs kept, smaller windows narrow the same way until a few thousand steps are
 left, which are listed and selected by weight. The work follows the number of runs, not of
 tokens. Quantiles use the lesson's rule (the sorted value at floor(p n)).
@@ -166,8 +166,9 @@ def _listing(k, runs, cr, ca, cb, gaps):
 
 @jit
 def _weighted_ranks(values, weights, ranks):
-    """The values of 0-based ``ranks`` when each ``values[i]`` counts ``weights[i]`` times. A selection, not a sort: one pass bins the weights over equal bins between the
-    extremes (about eight values a bin), then each rank's bin alone is sorted."""
+    """The values of 0-based ``ranks`` when each ``values[i]`` counts ``weights[i]`` times. A
+    selection, not a sort: one pass bins the weights over equal bins between the extremes (about
+    eight values a bin), then each rank's bin alone is sorted."""
     out = np.empty(ranks.size)
     lo, hi = values.min(), values.max()
     if not hi > lo:
