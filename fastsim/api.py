@@ -76,13 +76,18 @@ def checkpoint_path(out: Path) -> Path:
 
 
 def _to_file(grid: Grid, task: Task | None, out: Path, workers: int | None, scheduler: str | None, resume: bool,
-             on_progress: Callable[[int, int], None] | None) -> np.ndarray:
-    """Run ``task`` on every point of ``grid`` under a lock on ``out``, checkpointed beside it;
-    returns the table (the caller writes ``out`` and then drops the checkpoint)."""
+             on_progress: Callable[[int, int], None] | None, layout: Callable[[np.ndarray], io.Layout]) -> np.ndarray:
+    """Run ``task`` on every point of ``grid`` under a lock on ``out``, checkpointed beside it,
+    write ``layout(table)`` to ``out`` and drop the checkpoint; returns the table."""
     partial = checkpoint_path(out)
-    if partial.exists() and not resume:
-        raise ConfigError(f"{partial}: an interrupted run left this; pass --resume to continue it, or delete it")
-    return run_grid(grid, workers, scheduler, checkpoint=partial, resume=resume, on_progress=on_progress, task=task)
+    with output_lock(out):
+        if partial.exists() and not resume:
+            raise ConfigError(f"{partial}: an interrupted run left this; pass --resume to continue it, or delete it")
+        table = run_grid(grid, workers, scheduler, checkpoint=partial, resume=resume, on_progress=on_progress,
+                         task=task)
+        layout(table).write(out)
+        partial.unlink()
+    return table
 
 
 def sweep_to_file(
@@ -103,10 +108,7 @@ def sweep_to_file(
     """
     out = Path(out)
     grid = _grid(config, workers, scheduler, max_memory)
-    with output_lock(out):
-        table = _to_file(grid, None, out, workers, scheduler, resume, on_progress)
-        io.sweep_layout(grid, table).write(out)
-        checkpoint_path(out).unlink()
+    table = _to_file(grid, None, out, workers, scheduler, resume, on_progress, lambda t: io.sweep_layout(grid, t))
     return grid, table
 
 
@@ -130,10 +132,8 @@ def capacity_to_file(
     the settings' grid and their rows (:class:`~fastsim.analysis.capacity.CapacitySearch`)."""
     out = Path(out)
     grid = _fits(capacity_settings(config), workers, scheduler, max_memory, 0)
-    with output_lock(out):
-        table = _to_file(grid, CapacitySearch(targets), out, workers, scheduler, resume, on_progress)
-        io.capacity_layout(grid, table, targets).write(out)
-        checkpoint_path(out).unlink()
+    table = _to_file(grid, CapacitySearch(targets), out, workers, scheduler, resume, on_progress,
+                     lambda t: io.capacity_layout(grid, t, targets))
     return grid, table
 
 
@@ -165,10 +165,8 @@ def plan_to_file(
     out = Path(out)
     task = PlanSearch(targets, max_replicas)
     grid = _fits(plan_candidates(config), workers, scheduler, max_memory, 0)
-    with output_lock(out):
-        table = _to_file(grid, task, out, workers, scheduler, resume, on_progress)
-        io.plan_layout(grid, table, targets, max_replicas).write(out)
-        checkpoint_path(out).unlink()
+    table = _to_file(grid, task, out, workers, scheduler, resume, on_progress,
+                     lambda t: io.plan_layout(grid, t, targets, max_replicas))
     return grid, table
 
 

@@ -131,8 +131,9 @@ def fit(runs: list[Measured], keys: list[str]) -> Fit:
             best, best_cost = result.x, float(result.fun)
         squares = least_squares(lambda u: sims.residuals(values(u)), best, bounds=bounds, loss="soft_l1",
                                 f_scale=ROBUST, diff_step=0.05, max_nfev=20 * len(keys))
-        if cost(squares.x) < best_cost:
-            best, best_cost = squares.x, cost(squares.x)
+        squares_cost = cost(squares.x)
+        if squares_cost < best_cost:
+            best, best_cost = squares.x, squares_cost
         if not best_cost < start_cost * (1 - 1e-3):
             break
     after = values(best)

@@ -69,7 +69,8 @@ def search(config: Config, targets: list[Target], stop: threading.Event | None =
             rate /= 2
             if rate < MIN_RATE:
                 nan = {k: math.nan for k in METRICS}
-                return Answer(math.nan, "lowest rate fails", f"fails at {MIN_RATE:g}/s: {fails(bad)[0]}", nan, runs)
+                status = "lowest rate fails"
+                return Answer(math.nan, status, binding_of(status, math.nan, str(fails(bad)[0])), nan, runs)
             if fails(rate):
                 bad = rate
             else:
@@ -79,7 +80,8 @@ def search(config: Config, targets: list[Target], stop: threading.Event | None =
         while bad is None:
             rate *= 2
             if rate > MAX_RATE:
-                return Answer(good, "bound not reached", f"holds at {good:g}/s, the search bound", measure(good), runs)
+                status = "bound not reached"
+                return Answer(good, status, binding_of(status, good, ""), measure(good), runs)
             if fails(rate):
                 bad = rate
             else:
@@ -91,8 +93,6 @@ def search(config: Config, targets: list[Target], stop: threading.Event | None =
         else:
             good = mid
     return Answer(good, "found", str(fails(bad)[0]), measure(good), runs)
-
-
 
 
 def binding_of(status: str, max_rate: float, target: str) -> str:

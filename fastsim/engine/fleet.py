@@ -23,13 +23,10 @@ import numpy as np
 from ..model import fleet as pools
 from ..model.schema import Config
 from . import link, router
-from .kernels import Outcome, Plan, Scratch, peak_use, run_engine, with_api
+from .kernels import RUNS_PER_REQUEST, Outcome, Plan, Scratch, longest_output, outcome, run_engine, with_api
 from .kernels import run as run_one
 from .kernels.pool import coupled
 from .traffic import Traffic, routes
-
-ROOM_PER_REQUEST = 3  # step runs and gaps of a pool kernel, as the one-engine driver's
-
 
 def _merge(parts: list[tuple[np.ndarray, Outcome]], n: int, k: np.ndarray) -> Outcome:
     """One outcome from replicas' (their requests, their outcome), in engine time."""
@@ -71,24 +68,18 @@ def _pool(p: Plan, name: str, replicas: int, arrival: np.ndarray, prompt: np.nda
     blocks = p.blocks if p.blocks >= 0 or not counts_kv else 1 << 50  # least_kv counts blocks of any cache
     first, done = np.empty(n), np.empty(n)
     replica = np.empty(n, np.int64)
-    room = (ROOM_PER_REQUEST * n + 64, n // 8 + 64)
+    room = (RUNS_PER_REQUEST * n + 64, n // 8 + 64)  # as the one-engine driver's
     while True:
         runs = np.empty((room[0], 4), np.int64)
         gaps = np.empty(room[1])
-        steps, busy, queue, preemptions, kv_sum, kv_peak, nruns, ngaps = coupled(
+        counters = coupled(
             arrival, prompt, output, replicas, router.CODES[name], draws.astype(np.int64), p.limit, p.k, p.budget,
             blocks, p.block_tokens, p.reserve, p.prefix_blocks, p.max_output, token_1, first, done, replica, runs, gaps)
+        nruns, ngaps = counters[6:]
         if nruns <= len(runs) and ngaps <= len(gaps):
             break
         room = (max(nruns, room[0]), max(ngaps, room[1]))
-    limited = p.blocks >= 0
-    return Outcome(first, done, int(steps), int(busy), int(queue), int(preemptions), int(kv_sum) if limited else 0,
-                   p.blocks * int(steps) if limited else 0, peak_use(int(kv_peak), p.blocks) if limited else float("nan"),
-                   runs[:nruns], gaps[:ngaps], p.k, replica.astype(np.int32))
-
-
-def _longest_output(config: Config, traffic: Traffic) -> int | None:
-    return int(traffic.output_tokens.max()) if config.workload.trace is not None else None
+    return outcome(p, first, done, counters, runs, gaps, replica.astype(np.int32))
 
 
 def run(config: Config, traffic: Traffic, scratch: Scratch | None = None) -> Outcome:
@@ -98,7 +89,7 @@ def run(config: Config, traffic: Traffic, scratch: Scratch | None = None) -> Out
     n = len(traffic)
     api = config.calibration.api_overhead_ms / 1000
     disaggregated = pools.disaggregated(config)
-    plan = Plan.of(config, _longest_output(config, traffic), prefix=not disaggregated)
+    plan = Plan.of(config, longest_output(config, traffic), prefix=not disaggregated)
     if f.replicas == 1 and not disaggregated:
         return run_one(config, traffic, plan, scratch)  # the single engine, to the bit
     least_kv = f.router == "least_kv"

@@ -20,7 +20,8 @@ from ...model.schema import Config
 from . import lesson, serving, serving_batched
 from ._calendar import COMPACT_RUN, FULL_COLUMNS, RING_MAX
 
-__all__ = ["POLICIES", "RING_MAX", "Outcome", "Plan", "Scratch", "run", "run_engine", "with_api"]
+__all__ = ["POLICIES", "RING_MAX", "RUNS_PER_REQUEST", "Outcome", "Plan", "Scratch", "longest_output", "outcome",
+           "run", "run_engine", "with_api"]
 
 UNLIMITED_BUDGET = 1 << 62
 RUNS_PER_REQUEST = 3  # room for step runs; measured 0.9 to 2.8 a request (lesson, rates 8 and 40)
@@ -137,8 +138,17 @@ class Scratch:
         return room.view(COMPACT_RUN) if compact else room.reshape(rows, FULL_COLUMNS)
 
 
-def peak_use(peak_blocks: int, blocks: int) -> float:
-    return peak_blocks / blocks if blocks > 0 else float("nan")
+def outcome(p: Plan, first_token: np.ndarray, done: np.ndarray, counters: tuple, runs: np.ndarray, gaps: np.ndarray,
+            replica: np.ndarray | None = None) -> Outcome:
+    """The Outcome of a kernel of plan ``p`` (one engine's, or a pool kernel's): its per-request
+    times, the counters it returned (steps, busy, max_queue, preemptions, KV block-steps, peak KV
+    blocks, runs, gaps) and the room it recorded its runs and gaps in."""
+    steps, busy, queue, preemptions, kv_sum, kv_peak, nruns, ngaps = counters
+    limited = p.blocks >= 0
+    return Outcome(first_token, done, int(steps), int(busy), int(queue), int(preemptions),
+                   int(kv_sum) if limited else 0, p.blocks * int(steps) if limited else 0,
+                   int(kv_peak) / p.blocks if p.blocks > 0 else float("nan"), runs[:nruns], gaps[:ngaps], p.k,
+                   replica)
 
 
 def run_engine(p: Plan, arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray, scratch: Scratch | None = None,
@@ -156,16 +166,12 @@ def run_engine(p: Plan, arrival: np.ndarray, prompt: np.ndarray, output: np.ndar
     while True:
         runs = (Scratch() if scratch is None else scratch).take(room[0], compact)
         gaps = np.empty(room[1])
-        steps, busy, queue, preemptions, kv_sum, kv_peak, nruns, ngaps = kernel(
-            p, arrival, prompt, output, first_token, done, runs, gaps, token_1
-        )
+        counters = kernel(p, arrival, prompt, output, first_token, done, runs, gaps, token_1)
+        nruns, ngaps = counters[6:]
         if nruns <= len(runs) and ngaps <= len(gaps):
             break
         room = (max(nruns, room[0]), max(ngaps, room[1]))  # rare: run again with room for every record
-    limited = p.blocks >= 0
-    return Outcome(first_token, done, int(steps), int(busy), int(queue), int(preemptions), int(kv_sum) if limited else 0,
-                   p.blocks * int(steps) if limited else 0, peak_use(int(kv_peak), p.blocks), runs[:nruns],
-                   gaps[:ngaps], p.k)
+    return outcome(p, first_token, done, counters, runs, gaps)
 
 
 def with_api(out: Outcome, api_s: float) -> Outcome:
@@ -178,10 +184,10 @@ def with_api(out: Outcome, api_s: float) -> Outcome:
 
 def run(config: Config, traffic, plan: Plan | None = None, scratch: Scratch | None = None) -> Outcome:
     """Simulate ``traffic`` on the one engine ``config`` describes (client times)."""
-    p = Plan.of(config, _longest_output(config, traffic)) if plan is None else plan
+    p = Plan.of(config, longest_output(config, traffic)) if plan is None else plan
     return with_api(run_engine(p, traffic.arrival_s, traffic.prompt_tokens, traffic.output_tokens, scratch), p.api_s)
 
 
-def _longest_output(config: Config, traffic) -> int | None:
+def longest_output(config: Config, traffic) -> int | None:
     """A trace's longest output (a distribution's is in the config)."""
     return int(traffic.output_tokens.max()) if config.workload.trace is not None else None
