@@ -26,6 +26,7 @@ from ..model.cost import step_time
 
 SAMPLES = 1 << 14  # runs (and gaps) sampled to bracket each rank
 LIST_MAX = 1 << 15  # steps listed and selected outright
+GOLDEN = 0.6180339887498949
 
 
 @inline
@@ -83,7 +84,8 @@ def _steps(runs, whole, cr, ca, cb):
 @jit
 def _sample(k, runs, whole, cr, ca, cb, gaps, size):
     """About ``size`` of the runs' stretches and gaps, evenly spaced: each stands for its gaps
-    at its middle step's value. Returns (values, weights)."""
+    at the value of one of its steps, spread over the stretch (a golden-ratio sequence), so a long
+    stretch that spans a window does not pile its weight at its middle. Returns (values, weights)."""
     nc = runs.shape[0] if whole else cr.size
     sc = min(nc, size)
     sg = min(gaps.size, size)
@@ -91,7 +93,7 @@ def _sample(k, runs, whole, cr, ca, cb, gaps, size):
     weights = np.empty(sc + sg)
     for t in range(sc):
         r, ja, jb = _stretch(runs, whole, cr, ca, cb, t * nc // sc)
-        values[t] = _duration(k, runs, r, (ja + jb) // 2)
+        values[t] = _duration(k, runs, r, ja + int((t * GOLDEN) % 1.0 * (jb - ja + 1)))
         weights[t] = (jb - ja + 1) * run_w(runs, r) * (nc / sc)
     for t in range(sg):
         values[sc + t] = gaps[t * gaps.size // sg]

@@ -16,14 +16,16 @@ def cdiv(a, b):
 
 
 @inline
-def cal_file(bucket, cnext, cprev, due, cursor, steps, i, steps_left):
+def cal_file(bucket, base, ring, cnext, cprev, due, cursor, steps, i, steps_left):
     """File request ``i`` (due ``steps_left`` steps after step ``steps``, whose bucket is
-    ``cursor``) in a doubly linked calendar: ``cprev`` of a bucket's first member is -2 - bucket."""
+    ``cursor``) in the calendar of ``ring`` buckets from ``bucket[base]`` (a pool keeps every
+    replica's calendar in one array); ``cprev`` of a bucket's first member is -2 - its index in
+    ``bucket``."""
     due[i] = steps + steps_left
-    if steps_left >= bucket.size:
-        steps_left %= bucket.size
+    if steps_left >= ring:
+        steps_left %= ring
     b = cursor + steps_left
-    b = b - bucket.size if b >= bucket.size else b
+    b = base + (b - ring if b >= ring else b)
     first = bucket[b]
     cnext[i] = first
     cprev[i] = -2 - b

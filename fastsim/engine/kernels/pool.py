@@ -14,10 +14,11 @@ Numba-inlined helpers, the one-engine kernel measured 1.5 to 2.6 times slower.)
 
 State is struct of arrays with a replica dimension: per request (each in one replica) the
 serving kernel's arrays plus ``qnext`` (the waiting queues, one FIFO list per replica after its
-stack of preempted requests); per replica its scalars (``st``, ``now_r``), its calendar
-(``bucket``), its decoders by block phase (``bcount``) and its open step run (extended while
-steps continue it, written to ``runs`` when one does not, so a replica's runs are those the
-one engine records).
+stack of preempted requests); per replica its scalars (``st``, ``now_r``), its calendar (the
+``ring`` buckets of ``bucket`` from ``rep * ring``), its decoders by block phase (``bcount``)
+and its open step run (extended while steps continue it, written to ``runs`` when one does not,
+so a replica's runs are those the one engine records). These arrays are indexed in place: a row
+view per replica at every routing instant measured 8 % of the least_outstanding bench row.
 """
 
 from __future__ import annotations
@@ -96,7 +97,7 @@ def coupled(arrival, prompt, output, replicas, code, routes, limit, k, budget, b
     pnext = np.empty(n, np.int64)  # each replica's stack of preempted requests
     qnext = np.empty(n, np.int64)  # each replica's waiting queue (after its preempted ones)
     ring = min(output.max() + 1, RING_MAX)
-    bucket = np.full((replicas, ring), -1, np.int64)
+    bucket = np.full(replicas * ring, -1, np.int64)  # replica r's calendar from r * ring
     bcount = np.zeros((replicas, bt), np.int64)
     st = np.zeros((replicas, N_STATE), np.int64)
     st[:, RHEAD] = st[:, RTAIL] = st[:, PARTIAL] = st[:, PTOP] = st[:, QFIRST] = st[:, QLAST] = -1
@@ -115,14 +116,14 @@ def coupled(arrival, prompt, output, replicas, code, routes, limit, k, budget, b
             now = now_r[rep]
             if now >= until or (st[rep, RUNNING] == 0 and st[rep, NWAIT] == 0):
                 continue
-            bk = bucket[rep]
-            bc = bcount[rep]
-            s = st[rep]
-            rhead, rtail, running, cursor, n_dec, sum_c = s[RHEAD], s[RTAIL], s[RUNNING], s[CURSOR], s[N_DEC], s[SUM_C]
-            partial, ptop, npre, qfirst, qlast, nwait = s[PARTIAL], s[PTOP], s[NPRE], s[QFIRST], s[QLAST], s[NWAIT]
-            steps, busy, max_queue, preemptions = s[STEPS], s[BUSY], s[MAX_QUEUE], s[PREEMPTIONS]
-            kv_sum, kv_peak, free = s[KV_SUM], s[KV_PEAK], s[FREE]
-            run_kv, run_pairs, run_nw, run_m = s[RUN_KV], s[RUN_PAIRS], s[RUN_NW], s[RUN_M]
+            base = rep * ring
+            rhead, rtail, running = st[rep, RHEAD], st[rep, RTAIL], st[rep, RUNNING]
+            cursor, n_dec, sum_c = st[rep, CURSOR], st[rep, N_DEC], st[rep, SUM_C]
+            partial, ptop, npre = st[rep, PARTIAL], st[rep, PTOP], st[rep, NPRE]
+            qfirst, qlast, nwait = st[rep, QFIRST], st[rep, QLAST], st[rep, NWAIT]
+            steps, busy, max_queue, preemptions = st[rep, STEPS], st[rep, BUSY], st[rep, MAX_QUEUE], st[rep, PREEMPTIONS]
+            kv_sum, kv_peak, free = st[rep, KV_SUM], st[rep, KV_PEAK], st[rep, FREE]
+            run_kv, run_pairs, run_nw, run_m = st[rep, RUN_KV], st[rep, RUN_PAIRS], st[rep, RUN_NW], st[rep, RUN_M]
             finished = 0
             while now < until:
                 left = budget - n_dec  # decoders first: one token each, always within the budget
@@ -135,7 +136,7 @@ def coupled(arrival, prompt, output, replicas, code, routes, limit, k, budget, b
                     ptake = min(prompt[partial] + g[partial] - c[partial], left)
                     if paged:
                         pneed = cdiv(c[partial] + ptake, bt) - pb - held[partial]
-                if paged and bc[steps % bt] + pneed > free:
+                if paged and bcount[rep, steps % bt] + pneed > free:
                     # not enough blocks for everyone: oldest first, preempting the newest as needed
                     j = rhead
                     while j >= 0:
@@ -158,8 +159,8 @@ def coupled(arrival, prompt, output, replicas, code, routes, limit, k, budget, b
                                 free += cdiv(cv, bt) - pb
                                 n_dec -= 1
                                 sum_c -= cv
-                                bc[phase[v]] -= 1
-                                cal_remove(bk, cnext, cprev, v)
+                                bcount[rep, phase[v]] -= 1
+                                cal_remove(bucket, cnext, cprev, v)
                                 last_t[v] = now  # a decoder emitted at the step just run
                             held[v] = 0
                             c[v] = 0
@@ -180,7 +181,7 @@ def coupled(arrival, prompt, output, replicas, code, routes, limit, k, budget, b
                         j = rnext[j]
                     left = budget - n_dec
                 elif paged:
-                    free -= bc[steps % bt] + pneed
+                    free -= bcount[rep, steps % bt] + pneed
                     if partial >= 0:
                         held[partial] += pneed
                 if partial >= 0:
@@ -276,21 +277,21 @@ def coupled(arrival, prompt, output, replicas, code, routes, limit, k, budget, b
                         n_dec += 1
                         sum_c += c[i]
                         phase[i] = (steps - c[i]) % bt
-                        bc[phase[i]] += 1
-                        cal_file(bk, cnext, cprev, due, cursor, steps, i, output[i] - g[i])
+                        bcount[rep, phase[i]] += 1
+                        cal_file(bucket, base, ring, cnext, cprev, due, cursor, steps, i, output[i] - g[i])
                 # decoders due now finish
-                i = bk[cursor]
+                i = bucket[base + cursor]
                 while i >= 0:
                     nx = cnext[i]
                     if due[i] == steps:
-                        cal_remove(bk, cnext, cprev, i)
+                        cal_remove(bucket, cnext, cprev, i)
                         done[i] = now
                         finished += 1
                         g[i] = output[i]
                         ci = prompt[i] + output[i] - 1
                         n_dec -= 1
                         sum_c -= ci
-                        bc[phase[i]] -= 1
+                        bcount[rep, phase[i]] -= 1
                         if paged:
                             free += cdiv(ci, bt) - pb
                         elif limited:
@@ -318,10 +319,10 @@ def coupled(arrival, prompt, output, replicas, code, routes, limit, k, budget, b
                 used = blocks - free if limited else 0  # only grows here: its peak is its last value
                 while now < until:  # requests arrive only when routed, at ``until``
                     nxt = cursor + 1 if cursor + 1 < ring else 0
-                    if bk[nxt] >= 0:
+                    if bucket[base + nxt] >= 0:
                         break
                     if paged:
-                        need = bc[phase_now]
+                        need = bcount[rep, phase_now]
                         if need > free:
                             break
                         free -= need
@@ -337,11 +338,13 @@ def coupled(arrival, prompt, output, replicas, code, routes, limit, k, budget, b
                 nruns, run_kv, run_pairs, run_nw, run_m = _extend(runs, nruns, run_kv, run_pairs, run_nw, run_m, n_dec,
                                                                   kv0, kv0, steps - steps0, n_dec)
             now_r[rep] = now
-            s[RHEAD], s[RTAIL], s[RUNNING], s[CURSOR], s[N_DEC], s[SUM_C] = rhead, rtail, running, cursor, n_dec, sum_c
-            s[PARTIAL], s[PTOP], s[NPRE], s[QFIRST], s[QLAST], s[NWAIT] = partial, ptop, npre, qfirst, qlast, nwait
-            s[STEPS], s[BUSY], s[MAX_QUEUE], s[PREEMPTIONS] = steps, busy, max_queue, preemptions
-            s[KV_SUM], s[KV_PEAK], s[FREE] = kv_sum, kv_peak, free
-            s[RUN_KV], s[RUN_PAIRS], s[RUN_NW], s[RUN_M] = run_kv, run_pairs, run_nw, run_m
+            st[rep, RHEAD], st[rep, RTAIL], st[rep, RUNNING] = rhead, rtail, running
+            st[rep, CURSOR], st[rep, N_DEC], st[rep, SUM_C] = cursor, n_dec, sum_c
+            st[rep, PARTIAL], st[rep, PTOP], st[rep, NPRE] = partial, ptop, npre
+            st[rep, QFIRST], st[rep, QLAST], st[rep, NWAIT] = qfirst, qlast, nwait
+            st[rep, STEPS], st[rep, BUSY], st[rep, MAX_QUEUE], st[rep, PREEMPTIONS] = steps, busy, max_queue, preemptions
+            st[rep, KV_SUM], st[rep, KV_PEAK], st[rep, FREE] = kv_sum, kv_peak, free
+            st[rep, RUN_KV], st[rep, RUN_PAIRS], st[rep, RUN_NW], st[rep, RUN_M] = run_kv, run_pairs, run_nw, run_m
             outstanding[rep] -= finished
             used_blocks[rep] = blocks - free if limited else 0
         if q == n:

@@ -257,7 +257,7 @@ def continuous(arrival, prompt, output, limit, k, budget, blocks, bt, reserve, p
                 sum_c += c[i]
                 phase[i] = (steps - c[i]) % bt
                 bcount[phase[i]] += 1
-                cal_file(bucket, cnext, cprev, due, cursor, steps, i, output[i] - g[i])
+                cal_file(bucket, 0, bucket.size, cnext, cprev, due, cursor, steps, i, output[i] - g[i])
         # decoders due now finish
         i = bucket[cursor]
         while i >= 0:
