@@ -27,6 +27,7 @@ from ..model.cost import step_time
 SAMPLES = 1 << 14  # runs (and gaps) sampled to bracket each rank
 LIST_MAX = 1 << 15  # steps listed and selected outright
 GOLDEN = 0.6180339887498949
+NONE = np.empty(0, np.int64)  # no stretches: every run whole
 
 
 @inline
@@ -147,18 +148,21 @@ def _split(k, runs, whole, cr, ca, cb, gaps, lows, highs, below, kr, ka, kb, kep
 
 
 @jit
-def _listing(k, runs, cr, ca, cb, gaps):
+def _listing(k, runs, whole, cr, ca, cb, gaps):
     """Every step of the stretches (with its weight w) and every gap, as (values, weights)."""
+    nc = runs.shape[0] if whole else cr.size
     listed = gaps.size
-    for c in range(cr.size):
-        listed += cb[c] - ca[c] + 1
+    for c in range(nc):
+        _, ja, jb = _stretch(runs, whole, cr, ca, cb, c)
+        listed += jb - ja + 1
     values = np.empty(listed)
     weights = np.empty(listed, np.int64)
     t = 0
-    for c in range(cr.size):
-        w = run_w(runs, cr[c])
-        for j in range(ca[c], cb[c] + 1):
-            values[t] = _duration(k, runs, cr[c], j)
+    for c in range(nc):
+        r, ja, jb = _stretch(runs, whole, cr, ca, cb, c)
+        w = run_w(runs, r)
+        for j in range(ja, jb + 1):
+            values[t] = _duration(k, runs, r, j)
             weights[t] = w
             t += 1
     values[t:] = gaps
@@ -225,9 +229,9 @@ def _select(k, runs, cr, ca, cb, gaps, ranks: np.ndarray, count: int, parent: in
     whatever their number)."""
     whole = cr is None
     if whole:
-        cr = ca = cb = np.empty(0, np.int64)
+        cr = ca = cb = NONE
     if not whole and (int((cb - ca + 1).sum()) + gaps.size <= LIST_MAX or count == parent):
-        return _weighted_ranks(*_listing(k, runs, cr, ca, cb, gaps), ranks).tolist()
+        return _weighted_ranks(*_listing(k, runs, False, cr, ca, cb, gaps), ranks).tolist()
     values, weights = _sample(k, runs, whole, cr, ca, cb, gaps, SAMPLES)
     widen = np.ones(ranks.size)
     todo = np.arange(ranks.size)
@@ -266,9 +270,7 @@ def quantiles(k: np.ndarray, runs: np.ndarray, gaps: np.ndarray, total: int, ps:
     if total == 0:
         return [float("nan")] * len(ps)
     ranks = np.array([min(total - 1, int(p * total)) for p in ps], dtype=np.int64)
-    if runs.shape[0] <= LIST_MAX:
-        lengths = run_lengths(runs).astype(np.int64)
-        if int(lengths.sum()) + gaps.size <= LIST_MAX:  # a small run: list every gap
-            every = np.arange(runs.shape[0], dtype=np.int64)
-            return _select(k, runs, every, np.zeros_like(every), lengths - 1, gaps, ranks, total)
+    if runs.shape[0] <= LIST_MAX and int(run_lengths(runs).sum()) + gaps.size <= LIST_MAX:
+        # a small run: list every gap (two compiled calls, the whole cost of a small sweep point's ITL)
+        return _weighted_ranks(*_listing(k, runs, True, NONE, NONE, NONE, gaps), ranks).tolist()
     return _select(k, runs, None, None, None, gaps, ranks, total)
