@@ -70,7 +70,7 @@ def _pool(p: Plan, name: str, replicas: int, arrival: np.ndarray, prompt: np.nda
     replica = np.empty(n, np.int64)
     room = (RUNS_PER_REQUEST * n + 64, n // 8 + 64)  # as the one-engine driver's
     while True:
-        runs = np.empty((room[0], 4), np.int64)
+        runs = (Scratch() if scratch is None else scratch).take(room[0], False)
         gaps = np.empty(room[1])
         counters = coupled(
             arrival, prompt, output, replicas, router.CODES[name], draws.astype(np.int64), p.limit, p.k, p.budget,
