@@ -26,7 +26,7 @@ from ..model.cost import step_time
 
 SAMPLES = 1 << 14  # runs (and gaps) sampled to bracket each rank
 LIST_MAX = 1 << 15  # steps listed and selected outright
-GOLDEN = 0.6180339887498949
+GOLDEN = 0.6180339887498949  # spreads the sampled steps over their stretches (see _sample)
 NONE = np.empty(0, np.int64)  # no stretches: every run whole
 
 
@@ -271,6 +271,6 @@ def quantiles(k: np.ndarray, runs: np.ndarray, gaps: np.ndarray, total: int, ps:
         return [float("nan")] * len(ps)
     ranks = np.array([min(total - 1, int(p * total)) for p in ps], dtype=np.int64)
     if runs.shape[0] <= LIST_MAX and int(run_lengths(runs).sum()) + gaps.size <= LIST_MAX:
-        # a small run: list every gap (two compiled calls, the whole cost of a small sweep point's ITL)
+        # a small run (a sweep point of a few requests): every gap listed, in two compiled calls
         return _weighted_ranks(*_listing(k, runs, True, NONE, NONE, NONE, gaps), ranks).tolist()
     return _select(k, runs, None, None, None, gaps, ranks, total)
