@@ -8,10 +8,11 @@ sorted by arrival. Sources:
   stream exactly (Poisson arrivals, fixed prompts, its output lengths). It draws the normal even
   for ``dist: fixed``, so the arrivals never shift. A Python loop: fine for thousands.
 - ``rng: numpy`` draws vectorised from ``numpy.random.Generator``, from three independent child
-  streams of ``SeedSequence(seed)``: arrivals (exponential or gamma gaps, or none for constant
-  arrivals), output lengths, prompt lengths. So the same seed gives the same underlying numbers
-  at every rate, length distribution or request count (common random numbers for paired
-  comparisons), and changing one distribution never moves another.
+  streams of ``SeedSequence(seed)`` (made in microseconds by :mod:`.streams`): arrivals
+  (exponential or gamma gaps, or none for constant arrivals), output lengths, prompt lengths. So
+  the same seed gives the same underlying numbers at every rate, length distribution or request
+  count (common random numbers for paired comparisons), and changing one distribution never
+  moves another.
 - the random router's choices (:func:`routes`) come from two more child streams of the same
   seed, one per pool.
 - ``trace``: the first n_requests of a recorded trace (:mod:`fastsim.engine.trace`), its arrival times
@@ -22,11 +23,10 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Callable
-
 import numpy as np
 
 from ..model.schema import Workload
+from .streams import stream
 
 
 @dataclass(frozen=True)
@@ -51,22 +51,15 @@ def generate(w: Workload) -> Traffic:
         arrival, normal = _stdlib_draws(w)
         output = _from_normal(w.output, normal) if w.output.dist == "lognormal" else _fixed(w.output, w.n_requests)
         return Traffic(arrival, _fixed(w.prompt, w.n_requests), output)
-    root = np.random.SeedSequence(w.seed)
-    return Traffic(_numpy_arrivals(w, _child(root, 0)), _numpy_lengths(w.prompt, w.n_requests, _child(root, 2)),
-                   _numpy_lengths(w.output, w.n_requests, _child(root, 1)))
+    return Traffic(_numpy_arrivals(w, 0), _numpy_lengths(w.prompt, w.n_requests, w.seed, 2),
+                   _numpy_lengths(w.output, w.n_requests, w.seed, 1))
 
 
 def routes(w: Workload, n: int, replicas: int, pool: int) -> np.ndarray:
     """The random router's replica for each of ``n`` requests: uniform over ``replicas``, from
     the workload seed's own stream for ``pool`` (0: the replicas, 1: a prefill pool), so that
     arrivals and lengths stay those of every other router."""
-    rng = np.random.default_rng(_child(np.random.SeedSequence(w.seed), 3 + pool)())
-    return rng.integers(0, replicas, n, dtype=np.int64)
-
-
-def _child(root: np.random.SeedSequence, i: int) -> Callable[[], np.random.SeedSequence]:
-    """The ``i``-th child stream of ``root`` (as ``root.spawn`` makes it), made only when drawn from."""
-    return lambda: np.random.SeedSequence(root.entropy, spawn_key=(*root.spawn_key, i), pool_size=root.pool_size)
+    return stream(w.seed, 3 + pool).integers(0, replicas, n, dtype=np.int64)
 
 
 def _fixed(lengths, n: int) -> np.ndarray:
@@ -82,10 +75,10 @@ def _from_normal(lengths, normal: np.ndarray) -> np.ndarray:
     return lengths_f.astype(np.int64)
 
 
-def _numpy_lengths(lengths, n: int, seed: Callable[[], np.random.SeedSequence]) -> np.ndarray:
+def _numpy_lengths(lengths, n: int, seed: int, child: int) -> np.ndarray:
     if lengths.dist == "fixed":
         return _fixed(lengths, n)
-    rng = np.random.default_rng(seed())
+    rng = stream(seed, child)
     if lengths.dist == "uniform":
         return rng.integers(lengths.min, lengths.max, n, endpoint=True, dtype=np.int64)
     normal = rng.standard_normal(n)
@@ -94,17 +87,17 @@ def _numpy_lengths(lengths, n: int, seed: Callable[[], np.random.SeedSequence]) 
     return _from_normal(lengths, normal)
 
 
-def _numpy_arrivals(w: Workload, seed: Callable[[], np.random.SeedSequence]) -> np.ndarray:
+def _numpy_arrivals(w: Workload, child: int) -> np.ndarray:
     if w.arrival == "constant":
         return np.arange(1, w.n_requests + 1) / w.rate
-    rng = np.random.default_rng(seed())
+    rng = stream(w.seed, child)
     if w.arrival == "gamma":  # mean 1/rate, coefficient of variation 1/sqrt(burstiness)
         gaps = rng.standard_gamma(w.burstiness, w.n_requests)
         gaps /= w.burstiness * w.rate
     else:
         gaps = rng.standard_exponential(w.n_requests)
         gaps /= w.rate
-    return np.cumsum(gaps)
+    return gaps.cumsum()
 
 
 def _stdlib_draws(w: Workload) -> tuple[np.ndarray, np.ndarray]:
