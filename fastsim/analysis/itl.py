@@ -171,6 +171,13 @@ def _listing(k, runs, whole, cr, ca, cb, gaps):
 
 
 @jit
+def _listed_ranks(k, runs, whole, cr, ca, cb, gaps, ranks):
+    """The values of 0-based ``ranks`` among every step of the stretches and every gap, listed."""
+    values, weights = _listing(k, runs, whole, cr, ca, cb, gaps)
+    return _weighted_ranks(values, weights, ranks)
+
+
+@jit
 def _weighted_ranks(values, weights, ranks):
     """The values of 0-based ``ranks`` when each ``values[i]`` counts ``weights[i]`` times. A
     selection, not a sort: one pass bins the weights over equal bins between the extremes (about
@@ -182,9 +189,12 @@ def _weighted_ranks(values, weights, ranks):
         return out
     bins = max(16, values.size // 8)
     scale = bins / (hi - lo)
+    where = np.empty(values.size, np.int64)  # each value's bin
     cum = np.zeros(bins + 1, np.int64)  # cum[b]: the weight below bin b
     for i in range(values.size):
-        cum[min(int((values[i] - lo) * scale), bins - 1) + 1] += weights[i]
+        b = min(int((values[i] - lo) * scale), bins - 1)
+        where[i] = b
+        cum[b + 1] += weights[i]
     for b in range(bins):
         cum[b + 1] += cum[b]
     for t in range(ranks.size):
@@ -193,18 +203,47 @@ def _weighted_ranks(values, weights, ranks):
         inside_w = np.empty(inside.size, np.int64)
         m = 0
         for i in range(values.size):
-            if min(int((values[i] - lo) * scale), bins - 1) == b:
+            if where[i] == b:
                 inside[m] = values[i]
                 inside_w[m] = weights[i]
                 m += 1
-        order = np.argsort(inside[:m])
-        left = ranks[t] - cum[b]
-        for j in order:
-            left -= inside_w[j]
-            if left < 0:
-                out[t] = inside[j]
-                break
+        out[t] = _weighted_select(inside, inside_w, m, ranks[t] - cum[b])
     return out
+
+
+@jit
+def _weighted_select(values, weights, m, rank):
+    """The value of 0-based ``rank`` among ``values[:m]``, each counting ``weights`` times; the
+    arrays are reordered. A quickselect with three-way partitions: a run's many equal durations
+    end it at once."""
+    lo, hi = 0, m
+    while True:
+        a, b, c = values[lo], values[(lo + hi) // 2], values[hi - 1]
+        pivot = max(min(a, b), min(max(a, b), c))  # the median of three
+        lt, i, gt = lo, lo, hi  # [lo, lt) < pivot, [lt, i) == pivot, [gt, hi) > pivot
+        w_lt = w_eq = 0
+        while i < gt:
+            v = values[i]
+            if v < pivot:
+                values[i], values[lt] = values[lt], v
+                weights[i], weights[lt] = weights[lt], weights[i]
+                w_lt += weights[lt]
+                lt += 1
+                i += 1
+            elif v > pivot:
+                gt -= 1
+                values[i], values[gt] = values[gt], v
+                weights[i], weights[gt] = weights[gt], weights[i]
+            else:
+                w_eq += weights[i]
+                i += 1
+        if rank < w_lt:
+            hi = lt
+        elif rank < w_lt + w_eq:
+            return pivot
+        else:
+            rank -= w_lt + w_eq
+            lo = gt
 
 
 def _windows(values: np.ndarray, weights: np.ndarray, fractions: np.ndarray, widen: np.ndarray
@@ -231,7 +270,7 @@ def _select(k, runs, cr, ca, cb, gaps, ranks: np.ndarray, count: int, parent: in
     if whole:
         cr = ca = cb = NONE
     if not whole and (int((cb - ca + 1).sum()) + gaps.size <= LIST_MAX or count == parent):
-        return _weighted_ranks(*_listing(k, runs, False, cr, ca, cb, gaps), ranks).tolist()
+        return _listed_ranks(k, runs, False, cr, ca, cb, gaps, ranks).tolist()
     values, weights = _sample(k, runs, whole, cr, ca, cb, gaps, SAMPLES)
     widen = np.ones(ranks.size)
     todo = np.arange(ranks.size)
@@ -272,5 +311,5 @@ def quantiles(k: np.ndarray, runs: np.ndarray, gaps: np.ndarray, total: int, ps:
     ranks = np.array([min(total - 1, int(p * total)) for p in ps], dtype=np.int64)
     if runs.shape[0] <= LIST_MAX and int(run_lengths(runs).sum()) + gaps.size <= LIST_MAX:
         # a small run (a sweep point of a few requests): every gap listed, in two compiled calls
-        return _weighted_ranks(*_listing(k, runs, True, NONE, NONE, NONE, gaps), ranks).tolist()
+        return _listed_ranks(k, runs, True, NONE, NONE, NONE, gaps, ranks).tolist()
     return _select(k, runs, None, None, None, gaps, ranks, total)

@@ -49,7 +49,22 @@ class Plan:
     def of(cls, config: Config, max_output: int | None = None, prefix: bool = True) -> Plan:
         """``max_output``: the longest output (default: the workload distribution's; a trace's
         comes from its requests). ``prefix``: whether the shared prefix is pinned (not on a
-        decode replica, whose prompts arrive whole)."""
+        decode replica, whose prompts arrive whole).
+
+        The last plan is kept: a sweep's points that differ only in their workload share the
+        other sections' objects (:meth:`Config.at` copies only what changes) and reuse it."""
+        global _last_plan
+        sections = (config.engine, config.hardware, config.model, config.calibration)
+        key = (config.workload.max_output if max_output is None else max_output, config.workload.prefix_tokens, prefix)
+        last = _last_plan
+        if last is not None and last[1] == key and all(a is b for a, b in zip(last[0], sections)):
+            return last[2]
+        plan = cls._fold(config, key[0], prefix)
+        _last_plan = (sections, key, plan)
+        return plan
+
+    @classmethod
+    def _fold(cls, config: Config, max_output: int, prefix: bool) -> Plan:
         e = config.engine
         blocks = cost.kv_blocks(config)
         k = cost.coefficients(config)
@@ -64,9 +79,12 @@ class Plan:
             block_tokens=e.block_tokens,
             reserve=e.kv_alloc == "reserve",
             prefix_blocks=cost.prefix_blocks(config) if prefix else 0,
-            max_output=config.workload.max_output if max_output is None else max_output,
+            max_output=max_output,
             api_s=config.calibration.api_overhead_ms / 1000,
         )
+
+
+_last_plan: tuple | None = None  # (the sections, the other inputs, the plan) of the last Plan.of
 
 
 @dataclass(frozen=True)
