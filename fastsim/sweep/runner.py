@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import threading
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -38,6 +39,9 @@ SECONDS_PER_REQUEST = 1.6e-7  # traffic + kernel + metrics per request: ~6.2 M/s
 # set-up, metrics: ~150 us): worker threads then contend for it and run slower than one thread.
 # Measured: 3000 points of 1000 requests, 1.1 s on one thread, 1.5 s on two; of 3000, 2.7 s, 1.9 s.
 MIN_REQUESTS_FOR_THREADS = 2000
+# Such points go to worker processes instead (forked, Linux) when there is enough work for it.
+SECONDS_PER_POINT = 2e-4  # the Python of a small point, measured on a 100-request point
+MIN_SECONDS_FOR_PROCESSES = 6.0
 
 
 class Task(Protocol):
@@ -160,6 +164,43 @@ def _threads(grid: Grid, blocks: list[np.ndarray], task: Task, workers: int) -> 
                 future.cancel()
 
 
+_worker: tuple = ()  # a worker process's (grid, task)
+
+
+def _start_worker(grid: Grid, task: Task) -> None:
+    """A worker process's set-up: Ctrl-C is the parent's to handle (it stops the pool and keeps
+    what finished)."""
+    import signal
+
+    global _worker
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _worker = (grid, task)
+
+
+def _block_in_worker(block: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    return run_block(_worker[0], block, _worker[1])
+
+
+def _processes(grid: Grid, blocks: list[np.ndarray], task: Task, workers: int) -> Results:
+    """Run blocks in forked worker processes, for points too small for threads to share the GIL
+    well. Forked, a worker starts in milliseconds with the grid, the task and the loaded kernels
+    already in its memory; the pool is made before any progress bar's thread exists. Blocks come
+    back as they finish; on Ctrl-C the pool is terminated at once."""
+    import multiprocessing
+
+    pool = multiprocessing.get_context("fork").Pool(min(workers, len(blocks)), _start_worker, (grid, task))
+
+    def results() -> Results:
+        try:
+            yield from pool.imap_unordered(_block_in_worker, blocks)
+            pool.close()
+        finally:
+            pool.terminate()
+            pool.join()
+
+    return results()
+
+
 def _dask(grid: Grid, blocks: list[np.ndarray], task: Task, scheduler: str, workers: int) -> Results:
     from distributed import Client, LocalCluster, as_completed
 
@@ -218,19 +259,25 @@ def run_grid(
     todo = np.flatnonzero(~finished)
     blocks = make_blocks(grid, todo, workers, task.seconds_per_request)
     n_done = grid.size - todo.size
-    if on_progress:
-        on_progress(n_done, grid.size)
     if not blocks:
         results: Iterator = iter(())
     elif scheduler is not None:
         warm_up(grid)  # fill Numba's cache here, so local Dask workers only load it
         results = _dask(grid, blocks, task, scheduler, workers)
-    elif workers == 1 or len(blocks) == 1 or grid.max_requests * task.seconds_per_request < (
-            MIN_REQUESTS_FOR_THREADS * SECONDS_PER_REQUEST):
+    elif workers == 1 or len(blocks) == 1:
         results = _in_process(grid, blocks, task)
+    elif grid.max_requests * task.seconds_per_request < MIN_REQUESTS_FOR_THREADS * SECONDS_PER_REQUEST:
+        seconds = todo.size * (SECONDS_PER_POINT + grid.max_requests * task.seconds_per_request)
+        if seconds < MIN_SECONDS_FOR_PROCESSES or sys.platform != "linux":  # fork: Linux only
+            results = _in_process(grid, blocks, task)
+        else:
+            warm_up(grid)  # compile or load once, before the workers are forked
+            results = _processes(grid, blocks, task, workers)
     else:
         warm_up(grid)  # compile or load once, before threads call the kernels
         results = _threads(grid, blocks, task, workers)
+    if on_progress:  # the bar starts (and its thread) once any worker process was forked
+        on_progress(n_done, grid.size)
     try:
         for indices, rows in results:
             table[indices] = rows

@@ -164,6 +164,45 @@ def test_ctrl_c_stops_cleanly_and_keeps_progress(slow, tmp_path):
     assert not out.exists()
 
 
+@pytest.fixture
+def many_small(tmp_path, root):
+    """40,000 points of 100 requests: enough Python per point to go to worker processes."""
+    seeds = ", ".join(map(str, range(40000)))
+    return h100_study(tmp_path / "many.yaml", root,
+                      f"workload:\n  n_requests: 100\nsweep:\n  workload.seed: [{seeds}]\n")
+
+
+def test_small_points_in_worker_processes_give_the_same_table(root, tmp_path, monkeypatch):
+    from fastsim.sweep import runner
+    from fastsim.sweep.grid import build_grid
+
+    config = load_config(h100_study(tmp_path / "few.yaml", root,
+                                    "workload:\n  n_requests: 50\nsweep:\n  workload.seed: [1, 2, 3, 4, 5, 6, 7]\n"
+                                    "  workload.rate: [4, 30]\n"))
+    grid = build_grid(config)
+    alone = runner.run_grid(grid, workers=1)
+    original, used = runner._processes, []
+
+    def spy(*args):
+        used.append(args)
+        return original(*args)
+
+    monkeypatch.setattr(runner, "MIN_SECONDS_FOR_PROCESSES", 0.0)
+    monkeypatch.setattr(runner, "_processes", spy)
+    forked = runner.run_grid(grid, workers=2)
+    assert used and np.array_equal(alone, forked, equal_nan=True)
+
+
+def test_ctrl_c_stops_worker_processes_and_keeps_progress(many_small, tmp_path):
+    out = tmp_path / "out.nc"
+    code, stderr, done = start_and_stop(many_small, out, 2, signal.SIGINT)
+    assert code == 130 and done > 0
+    assert stderr.strip().splitlines() == [
+        f"error: interrupted; finished points are kept in {checkpoint_path(out)}: rerun with --resume"
+    ]  # and no traceback from the worker processes
+    assert not out.exists()
+
+
 def test_resume_refuses_a_different_sweep(small, tmp_path):
     out = tmp_path / "o.nc"
     from fastsim.sweep.checkpoint import Checkpoint
