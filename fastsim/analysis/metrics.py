@@ -110,13 +110,13 @@ def _select(values: np.ndarray, ps: tuple[float, ...]) -> list[float]:
 
 
 @jit
-def _sorted_quantiles(ttft, e2e, tpot, ps, tpot_ps):
+def _sorted_quantiles(ttft, e2e, tpot):
     """:func:`_select` of the three latencies of a small run (each <= SORT_BELOW values), in
-    one call: TTFT's and e2e's at ``ps``, then TPOT's at ``tpot_ps``."""
-    out = np.empty(2 * len(ps) + len(tpot_ps))
-    _sorted_into(out, 0, ttft, ps)
-    _sorted_into(out, len(ps), e2e, ps)
-    _sorted_into(out, 2 * len(ps), tpot, tpot_ps)
+    one call: TTFT's and e2e's at LATENCY_PS, then TPOT's at TPOT_PS."""
+    out = np.empty(2 * len(LATENCY_PS) + len(TPOT_PS))
+    _sorted_into(out, 0, ttft, LATENCY_PS)
+    _sorted_into(out, len(LATENCY_PS), e2e, LATENCY_PS)
+    _sorted_into(out, 2 * len(LATENCY_PS), tpot, TPOT_PS)
     return out
 
 
@@ -171,7 +171,7 @@ def compute(arrival: np.ndarray, output: np.ndarray, out: Outcome, max_batch: in
     n = arrival.size
     ttft_mean, e2e_mean = float(ttft.sum()) / n, float(e2e.sum()) / n  # as mean(), without its overhead
     if n <= SORT_BELOW:  # a small run: the three in one compiled call
-        q = _sorted_quantiles(ttft, e2e, tpot, LATENCY_PS, TPOT_PS).tolist()
+        q = _sorted_quantiles(ttft, e2e, tpot).tolist()
         ttft_q, e2e_q, tpot_q = q[:3], q[3:6], q[6:]
     else:
         ttft_q, e2e_q, tpot_q = _select(ttft, LATENCY_PS), _select(e2e, LATENCY_PS), _select(tpot, TPOT_PS)

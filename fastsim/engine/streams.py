@@ -28,7 +28,8 @@ _local = threading.local()
 
 @jit
 def _state_words(entropy):
-    """SeedSequence(entropy words).generate_state(4, uint64) as 8 little-endian uint32 words."""
+    """SeedSequence(entropy words: a tuple).generate_state(4, uint64) as 8 little-endian uint32
+    words (a tuple: nothing to box)."""
     init_a, mult_a, init_b, mult_b = 0x43B0D7E5, 0x931E8875, 0x8B51F9DD, 0x58F38DED
     mix_l, mix_r = 0xCA01F9DD, 0x4973F715
     pool = np.zeros(POOL_SIZE, np.int64)
@@ -36,7 +37,7 @@ def _state_words(entropy):
 
     # hashmix: value ^= h; h *= mult_a; value *= h; value ^= value >> 16 (all mod 2**32)
     for i in range(POOL_SIZE):
-        v = entropy[i] if i < entropy.size else 0
+        v = entropy[i] if i < len(entropy) else 0
         v ^= h
         h = (h * mult_a) & M32
         v = (v * h) & M32
@@ -50,7 +51,7 @@ def _state_words(entropy):
                 v ^= v >> 16
                 r = (mix_l * pool[dst] - mix_r * v) & M32
                 pool[dst] = r ^ (r >> 16)
-    for src in range(POOL_SIZE, entropy.size):
+    for src in range(POOL_SIZE, len(entropy)):
         for dst in range(POOL_SIZE):
             v = entropy[src] ^ h
             h = (h * mult_a) & M32
@@ -65,7 +66,7 @@ def _state_words(entropy):
         h = (h * mult_b) & M32
         v = (v * h) & M32
         out[i] = v ^ (v >> 16)
-    return out
+    return out[0], out[1], out[2], out[3], out[4], out[5], out[6], out[7]
 
 
 def _words(x: int) -> list[int]:
@@ -83,7 +84,7 @@ def stream(seed: int, child: int) -> np.random.Generator:
     ``child``-th child stream of ``seed``. Valid until this thread's next call."""
     entropy = _words(seed)
     entropy += [0] * (POOL_SIZE - len(entropy)) + _words(child)  # a spawn key pads the entropy to the pool
-    w = _state_words(np.array(entropy, np.int64)).tolist()
+    w = _state_words(tuple(entropy))
     seed128 = (w[1] << 96) | (w[0] << 64) | (w[3] << 32) | w[2]  # uint64 words 0, 1 (high, low)
     inc = (((w[5] << 96) | (w[4] << 64) | (w[7] << 32) | w[6]) << 1 | 1) & M128
     state = ((inc + seed128) * PCG_MULT + inc) & M128  # NumPy's pcg64_srandom_r: 0, step (= inc), + seed, step
