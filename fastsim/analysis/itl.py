@@ -207,15 +207,16 @@ def _weighted_ranks(values, weights, ranks):
                 inside[m] = values[i]
                 inside_w[m] = weights[i]
                 m += 1
-        out[t] = _weighted_select(inside, inside_w, m, ranks[t] - cum[b])
+        out[t] = weighted_select(inside, inside_w, m, ranks[t] - cum[b])
     return out
 
 
 @jit
-def _weighted_select(values, weights, m, rank):
+def weighted_select(values, weights, m, rank):
     """The value of 0-based ``rank`` among ``values[:m]``, each counting ``weights`` times; the
     arrays are reordered. A quickselect with three-way partitions: a run's many equal durations
-    end it at once."""
+    end it at once. (Metrics use it too, with unit weights: compiling a sort costs a new user's
+    first run more than a second.)"""
     lo, hi = 0, m
     while True:
         a, b, c = values[lo], values[(lo + hi) // 2], values[hi - 1]

@@ -110,22 +110,23 @@ def _select(values: np.ndarray, ps: tuple[float, ...]) -> list[float]:
 
 
 @jit
-def _sorted_quantiles(ttft, e2e, tpot):
+def _small_quantiles(ttft, e2e, tpot):
     """:func:`_select` of the three latencies of a small run (each <= SORT_BELOW values), in
     one call: TTFT's and e2e's at LATENCY_PS, then TPOT's at TPOT_PS."""
     out = np.empty(2 * len(LATENCY_PS) + len(TPOT_PS))
-    _sorted_into(out, 0, ttft, LATENCY_PS)
-    _sorted_into(out, len(LATENCY_PS), e2e, LATENCY_PS)
-    _sorted_into(out, 2 * len(LATENCY_PS), tpot, TPOT_PS)
+    _selected_into(out, 0, ttft, LATENCY_PS)
+    _selected_into(out, len(LATENCY_PS), e2e, LATENCY_PS)
+    _selected_into(out, 2 * len(LATENCY_PS), tpot, TPOT_PS)
     return out
 
 
 @jit
-def _sorted_into(out, t, values, ps):
-    ordered = np.sort(values)
+def _selected_into(out, t, values, ps):
     n = values.size
+    work = values.copy()
+    ones = np.ones(n, np.int64)
     for p in ps:
-        out[t] = ordered[min(n - 1, int(p * n))] if n else np.nan
+        out[t] = itl.weighted_select(work, ones, n, min(n - 1, int(p * n))) if n else np.nan
         t += 1
 
 
@@ -171,7 +172,7 @@ def compute(arrival: np.ndarray, output: np.ndarray, out: Outcome, max_batch: in
     n = arrival.size
     ttft_mean, e2e_mean = float(ttft.sum()) / n, float(e2e.sum()) / n  # as mean(), without its overhead
     if n <= SORT_BELOW:  # a small run: the three in one compiled call
-        q = _sorted_quantiles(ttft, e2e, tpot).tolist()
+        q = _small_quantiles(ttft, e2e, tpot).tolist()
         ttft_q, e2e_q, tpot_q = q[:3], q[3:6], q[6:]
     else:
         ttft_q, e2e_q, tpot_q = _select(ttft, LATENCY_PS), _select(e2e, LATENCY_PS), _select(tpot, TPOT_PS)
