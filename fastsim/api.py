@@ -62,7 +62,8 @@ def sweep(
     """Run every point of ``config.sweep`` and return them as an xarray Dataset.
 
     One dimension per axis (named by the key's last component), one variable per metric.
-    ``workers``: threads on this machine (default: all cores; the kernels release the GIL).
+    ``workers``: threads on this machine (default: all cores; the kernels release the GIL), or
+    forked processes for many points of under 2,000 requests (Linux; see :mod:`.sweep.runner`).
     ``scheduler``: a Dask scheduler address (``tcp://host:8786``) or ``"local"`` to start a
     local Dask cluster. ``max_memory``: bytes the sweep may use (default: what is available).
     """

@@ -1,13 +1,13 @@
 """Running a grid: every point's row of numbers from a task (simulate it, or search it), in
-blocks, on this thread, worker threads or a Dask cluster, recorded in a checkpoint as blocks
-finish.
+blocks, on this thread, worker threads, forked worker processes (many small points, which are
+mostly Python) or a Dask cluster, recorded in a checkpoint as blocks finish.
 
 The table is a NumPy array of shape (points, columns) in C order of the grid. Each point is a
 pure function of its config, so the table is bit-identical whatever runs it. Work goes out in
 blocks (roughly a quarter of a second of simulation each, since a task costs up to 2 ms to
 dispatch on Dask); points that share workload values go in the same block, so a block draws each
 distinct traffic once. On Ctrl-C the threads stop within a block (a search stops between two
-simulations) and the finished points stay in the checkpoint.
+simulations), worker processes are terminated, and the finished points stay in the checkpoint.
 """
 
 from __future__ import annotations
