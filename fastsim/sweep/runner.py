@@ -181,6 +181,12 @@ def _block_in_worker(block: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return run_block(_worker[0], block, _worker[1])
 
 
+def _can_fork() -> bool:
+    """Forking is safe here: Linux, and no other thread that a child could inherit mid-lock (a
+    notebook's kernel has some: its sweeps of small points stay on one thread)."""
+    return sys.platform == "linux" and threading.active_count() == 1
+
+
 def _processes(grid: Grid, blocks: list[np.ndarray], task: Task, workers: int) -> Results:
     """Run blocks in forked worker processes, for points too small for threads to share the GIL
     well. Forked, a worker starts in milliseconds with the grid, the task and the loaded kernels
@@ -268,7 +274,7 @@ def run_grid(
         results = _in_process(grid, blocks, task)
     elif grid.max_requests * task.seconds_per_request < MIN_REQUESTS_FOR_THREADS * SECONDS_PER_REQUEST:
         seconds = todo.size * (SECONDS_PER_POINT + grid.max_requests * task.seconds_per_request)
-        if seconds < MIN_SECONDS_FOR_PROCESSES or sys.platform != "linux":  # fork: Linux only
+        if seconds < MIN_SECONDS_FOR_PROCESSES or not _can_fork():
             results = _in_process(grid, blocks, task)
         else:
             warm_up(grid)  # compile or load once, before the workers are forked

@@ -188,6 +188,7 @@ def test_small_points_in_worker_processes_give_the_same_table(root, tmp_path, mo
         return original(*args)
 
     monkeypatch.setattr(runner, "MIN_SECONDS_FOR_PROCESSES", 0.0)
+    monkeypatch.setattr(runner, "_can_fork", lambda: True)  # earlier tests leave Dask's threads behind
     monkeypatch.setattr(runner, "_processes", spy)
     forked = runner.run_grid(grid, workers=2)
     assert used and np.array_equal(alone, forked, equal_nan=True)
