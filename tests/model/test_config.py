@@ -1,12 +1,15 @@
 """Configs: defaults, extends, overrides, and every kind of bad input (exit 2, key named)."""
 
 import pytest
+from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from fastsim import Config, ConfigError, load_config
 from fastsim.cli import app
 from fastsim.model.loading import parse_override
-from fastsim.model.schema import LEAF_KEYS
+from fastsim.model.schema import (LEAF_KEYS, axis_validator, coupled_section, get_dotted,
+                                  section_validator)
+from fastsim.sweep.grid import build_grid
 
 
 def test_defaults_are_the_lesson_scenario():
@@ -159,3 +162,38 @@ def test_integral_overrides(root):
     bad = CliRunner().invoke(app, ["run", cfg, "--set", "engine.max_batch=1.5e0"])
     assert bad.exit_code == 2
     assert bad.stderr.strip() == "error: engine.max_batch: Input should be a valid integer (got 1.5)"
+
+
+AXIS_VALUES = [0, 1, 2, 7, -1, 1e3, 1.5, 2.0, True, None, "x", "numpy", "poisson", "lognormal", "paged", 0.5, 3.35,
+               float("inf"), float("nan"), 1e20, 2**40]
+
+
+@pytest.mark.parametrize("key", [k for k in LEAF_KEYS if coupled_section(k) is None])
+def test_a_long_axis_validated_at_once_is_the_same_as_value_by_value(key):
+    """What build_grid's one-call path gives (or refuses) is what validating each value in its
+    section gives: the same value, of the same type."""
+    base = Config()
+    at_once = axis_validator(base, key)
+    if at_once is None:  # a field with a validator of its own: value by value only
+        return
+    section = key.rsplit(".", 1)[0] if "." in key else ""
+    one = section_validator(base, section)
+    for value in AXIS_VALUES:
+        try:
+            want = get_dotted(one({key: value}), key[len(section) + 1:] if section else key)
+        except ConfigError:
+            want = ConfigError
+        try:
+            got = at_once([value])[0]
+        except ValidationError:
+            got = ConfigError
+        if want is ConfigError or got is ConfigError:
+            assert want is got, (key, value)
+        else:
+            assert type(got) is type(want) and (got == want or got != got and want != want), (key, value)
+
+
+def test_a_refused_value_of_a_long_axis_is_named(root):
+    config = Config().model_copy(update={"sweep": {"workload.seed": [*range(300), -4]}})
+    with pytest.raises(ConfigError, match=r"sweep axis 'workload.seed', value -4: workload.seed"):
+        build_grid(config)
