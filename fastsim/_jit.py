@@ -13,3 +13,22 @@ jit = numba.njit(cache=True, nogil=True)
 # For small helpers of the kernels: inlined into their callers at Numba's IR level, so their
 # arguments and results stay in registers.
 inline = numba.njit(cache=True, nogil=True, inline="always")
+
+
+@inline
+def largest(a):
+    """``a.max()`` of an array without NaN (0 when empty), as a loop: Numba's max compiles in
+    about a second, which a new user's first run pays."""
+    m = a[0] if a.size else 0
+    for v in a:
+        m = max(m, v)
+    return m
+
+
+@inline
+def smallest(a):
+    """``a.min()`` likewise."""
+    m = a[0] if a.size else 0
+    for v in a:
+        m = min(m, v)
+    return m

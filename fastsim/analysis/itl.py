@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._jit import inline, jit
+from .._jit import inline, jit, largest, smallest
 from ..engine.kernels._calendar import run_lengths, run_m, run_step, run_w
 from ..model.cost import step_time
 
@@ -116,7 +116,7 @@ def _split(k, runs, whole, cr, ca, cb, gaps, lows, highs, below, kr, ka, kb, kep
     Counting below is a multiply, not a branch: half the stretches are below the median."""
     room = kr.shape[1]
     growth = max(k[2], k[4]) * (1.0 + 1e-9)  # per step and request, with room for rounding
-    lowest = lows.min()
+    lowest = smallest(lows)
     for c in range(runs.shape[0] if whole else cr.size):
         r, ja, jb = _stretch(runs, whole, cr, ca, cb, c)
         w = run_w(runs, r)
@@ -165,8 +165,9 @@ def _listing(k, runs, whole, cr, ca, cb, gaps):
             values[t] = _duration(k, runs, r, j)
             weights[t] = w
             t += 1
-    values[t:] = gaps
-    weights[t:] = 1
+    for j in range(gaps.size):  # a loop: an array assigned to a slice costs ~4 s of compiling
+        values[t + j] = gaps[j]
+        weights[t + j] = 1
     return values, weights
 
 
@@ -183,7 +184,7 @@ def _weighted_ranks(values, weights, ranks):
     selection, not a sort: one pass bins the weights over equal bins between the extremes (about
     eight values a bin), then each rank's bin alone is sorted."""
     out = np.empty(ranks.size)
-    lo, hi = values.min(), values.max()
+    lo, hi = smallest(values), largest(values)
     if not hi > lo:
         out[:] = lo
         return out
@@ -198,7 +199,13 @@ def _weighted_ranks(values, weights, ranks):
     for b in range(bins):
         cum[b + 1] += cum[b]
     for t in range(ranks.size):
-        b = np.searchsorted(cum, ranks[t], side="right") - 1
+        b, above = 0, bins + 1  # the last bin whose weight below is <= the rank (cum[0] = 0)
+        while above - b > 1:
+            mid = (b + above) // 2
+            if cum[mid] <= ranks[t]:
+                b = mid
+            else:
+                above = mid
         inside = np.empty(min(values.size, cum[b + 1] - cum[b]))  # each value weighs at least 1
         inside_w = np.empty(inside.size, np.int64)
         m = 0

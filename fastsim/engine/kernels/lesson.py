@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..._jit import inline, jit
+from ..._jit import inline, jit, largest
 from ._calendar import RING_MAX, due_now, file, record_compact
 
 
@@ -64,8 +64,9 @@ def continuous(arrival, prompt, output, limit, t_weight, t_kv, first_token, done
     (steps, busy_slot_steps, max_queue, number of runs)
     """
     n = arrival.size
-    ring = min(output.max() + 1, RING_MAX)
-    wraps = output.max() >= ring
+    longest = largest(output)
+    ring = min(longest + 1, RING_MAX)
+    wraps = longest >= ring
     bucket = np.full(ring, -1, np.int64)  # head of a linked list of requests finishing there
     link = np.empty(n, np.int64)
     due = np.empty(n, np.int64)  # the step that emits each request's last token
@@ -140,8 +141,9 @@ def batched(arrival, prompt, output, limit, window, t_weight, t_kv, first_token,
     batch ends.
     """
     n = arrival.size
-    ring = min(output.max() + 1, RING_MAX)
-    wraps = output.max() >= ring
+    longest = largest(output)
+    ring = min(longest + 1, RING_MAX)
+    wraps = longest >= ring
     bucket = np.full(ring, -1, np.int64)
     link = np.empty(n, np.int64)
     due = np.empty(n, np.int64)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..._jit import inline, jit
+from ..._jit import inline, jit, largest
 from ...model.cost import step_time
 from ..router import choose
 from ._calendar import LOW, RING_MAX, record
@@ -86,9 +86,10 @@ def coupled(arrival, prompt, output, replicas, code, routes, limit, k, budget, b
     phase = np.zeros(n, np.int64)
     last_t = np.zeros(n)
     if token_1.size:  # decode replicas: prompts arrive computed, their first token emitted
-        c[:] = prompt
-        g[:] = 1
-        last_t[:] = token_1
+        for i in range(n):  # a loop: an array assigned to a slice compiles in ~4 s (a new user's first run)
+            c[i] = prompt[i]
+            g[i] = 1
+            last_t[i] = token_1[i]
     rprev = np.empty(n, np.int64)  # each replica's running list, in admission order
     rnext = np.empty(n, np.int64)
     cnext = np.empty(n, np.int64)
@@ -96,7 +97,7 @@ def coupled(arrival, prompt, output, replicas, code, routes, limit, k, budget, b
     due = np.empty(n, np.int64)
     pnext = np.empty(n, np.int64)  # each replica's stack of preempted requests
     qnext = np.empty(n, np.int64)  # each replica's waiting queue (after its preempted ones)
-    ring = min(output.max() + 1, RING_MAX)
+    ring = min(largest(output) + 1, RING_MAX)
     bucket = np.full(replicas * ring, -1, np.int64)  # replica r's calendar from r * ring
     bcount = np.zeros((replicas, bt), np.int64)
     st = np.zeros((replicas, N_STATE), np.int64)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..._jit import jit
+from ..._jit import jit, largest
 from ...model.cost import step_time
 from ._calendar import RING_MAX, record
 from ._running import cal_file, cal_remove, cdiv, unlink
@@ -74,15 +74,16 @@ def continuous(arrival, prompt, output, limit, k, budget, blocks, bt, reserve, p
     phase = np.zeros(n, np.int64)  # decoders: they need a new block at steps == phase (mod bt)
     last_t = np.zeros(n)  # time of the last token
     if token_1.size:  # decode replica: prompts arrive computed, their first token emitted
-        c[:] = prompt
-        g[:] = 1
-        last_t[:] = token_1
+        for i in range(n):  # a loop: an array assigned to a slice compiles in ~4 s (a new user's first run)
+            c[i] = prompt[i]
+            g[i] = 1
+            last_t[i] = token_1[i]
     rprev = np.empty(n, np.int64)  # running list, in admission order
     rnext = np.empty(n, np.int64)
     rhead = -1
     rtail = -1
     running = 0
-    ring = min(output.max() + 1, RING_MAX)
+    ring = min(largest(output) + 1, RING_MAX)
     bucket = np.full(ring, -1, np.int64)
     cnext = np.empty(n, np.int64)
     cprev = np.empty(n, np.int64)

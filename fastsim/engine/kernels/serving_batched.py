@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..._jit import jit
+from ..._jit import jit, largest
 from ...model.cost import step_time
 from ._calendar import RING_MAX, due_now, file, record
 from ._running import cdiv
@@ -29,8 +29,9 @@ def batched(arrival, prompt, output, limit, window, k, blocks, bt, pb, o_max, fi
     """
     n = arrival.size
     cached = pb * bt
-    ring = min(output.max() + 1, RING_MAX)
-    wraps = output.max() >= ring
+    longest = largest(output)
+    ring = min(longest + 1, RING_MAX)
+    wraps = longest >= ring
     bucket = np.full(ring, -1, np.int64)
     link = np.empty(n, np.int64)
     due = np.empty(n, np.int64)
