@@ -16,7 +16,7 @@ import threading
 
 import numpy as np
 
-from .._jit import jit
+from .._jit import inline, jit
 
 POOL_SIZE = 4  # SeedSequence's default pool of 32-bit words
 M32 = 0xFFFFFFFF
@@ -26,46 +26,46 @@ M128 = (1 << 128) - 1
 _local = threading.local()
 
 
+INIT_A, MULT_A, INIT_B, MULT_B = 0x43B0D7E5, 0x931E8875, 0x8B51F9DD, 0x58F38DED  # SeedSequence's constants
+MIX_L, MIX_R = 0xCA01F9DD, 0x4973F715
+
+
+@inline
+def _hash(value, h, mult):
+    """SeedSequence's hash of a word with multiplier ``h`` (all mod 2**32): (hash, next h)."""
+    value ^= h
+    h = (h * mult) & M32
+    value = (value * h) & M32
+    return value ^ (value >> 16), h
+
+
+@inline
+def _mix(x, y):
+    r = (MIX_L * x - MIX_R * y) & M32
+    return r ^ (r >> 16)
+
+
 @jit
 def _state_words(entropy):
     """SeedSequence(entropy words: a tuple).generate_state(4, uint64) as 8 little-endian uint32
     words (a tuple: nothing to box)."""
-    init_a, mult_a, init_b, mult_b = 0x43B0D7E5, 0x931E8875, 0x8B51F9DD, 0x58F38DED
-    mix_l, mix_r = 0xCA01F9DD, 0x4973F715
     pool = np.zeros(POOL_SIZE, np.int64)
-    h = init_a
-
-    # hashmix: value ^= h; h *= mult_a; value *= h; value ^= value >> 16 (all mod 2**32)
+    h = INIT_A
     for i in range(POOL_SIZE):
-        v = entropy[i] if i < len(entropy) else 0
-        v ^= h
-        h = (h * mult_a) & M32
-        v = (v * h) & M32
-        pool[i] = v ^ (v >> 16)
-    for src in range(POOL_SIZE):
+        pool[i], h = _hash(entropy[i] if i < len(entropy) else 0, h, MULT_A)
+    for src in range(POOL_SIZE):  # every word mixed into every other
         for dst in range(POOL_SIZE):
             if src != dst:
-                v = pool[src] ^ h
-                h = (h * mult_a) & M32
-                v = (v * h) & M32
-                v ^= v >> 16
-                r = (mix_l * pool[dst] - mix_r * v) & M32
-                pool[dst] = r ^ (r >> 16)
-    for src in range(POOL_SIZE, len(entropy)):
+                v, h = _hash(pool[src], h, MULT_A)
+                pool[dst] = _mix(pool[dst], v)
+    for src in range(POOL_SIZE, len(entropy)):  # then the words beyond the pool (the spawn key)
         for dst in range(POOL_SIZE):
-            v = entropy[src] ^ h
-            h = (h * mult_a) & M32
-            v = (v * h) & M32
-            v ^= v >> 16
-            r = (mix_l * pool[dst] - mix_r * v) & M32
-            pool[dst] = r ^ (r >> 16)
+            v, h = _hash(entropy[src], h, MULT_A)
+            pool[dst] = _mix(pool[dst], v)
     out = np.empty(8, np.int64)
-    h = init_b
+    h = INIT_B
     for i in range(8):
-        v = pool[i % POOL_SIZE] ^ h
-        h = (h * mult_b) & M32
-        v = (v * h) & M32
-        out[i] = v ^ (v >> 16)
+        out[i], h = _hash(pool[i % POOL_SIZE], h, MULT_B)
     return out[0], out[1], out[2], out[3], out[4], out[5], out[6], out[7]
 
 

@@ -112,6 +112,14 @@ def slow(tmp_path, root):
     )
 
 
+@pytest.fixture
+def many_small(tmp_path, root):
+    """40,000 points of 100 requests: enough Python per point to go to worker processes."""
+    seeds = ", ".join(map(str, range(40000)))
+    return h100_study(tmp_path / "many.yaml", root,
+                      f"workload:\n  n_requests: 100\nsweep:\n  workload.seed: [{seeds}]\n")
+
+
 RECORD = 8 + 8 * len(METRICS)
 HEADER = 21 + 32 + 16
 
@@ -154,22 +162,15 @@ def test_sigkill_then_resume_gives_the_identical_dataset(slow, tmp_path):
         xr.testing.assert_identical(got.load(), fastsim.sweep(load_config(slow), workers=2))
 
 
-def test_ctrl_c_stops_cleanly_and_keeps_progress(slow, tmp_path):
+@pytest.mark.parametrize("study", ["slow", "many_small"])  # on worker threads; in worker processes
+def test_ctrl_c_stops_cleanly_and_keeps_progress(study, request, tmp_path):
     out = tmp_path / "out.nc"
-    code, stderr, done = start_and_stop(slow, out, 2, signal.SIGINT)
+    code, stderr, done = start_and_stop(request.getfixturevalue(study), out, 2, signal.SIGINT)
     assert code == 130 and done > 0
     assert stderr.strip().splitlines() == [
         f"error: interrupted; finished points are kept in {checkpoint_path(out)}: rerun with --resume"
     ]  # and no traceback from the workers
     assert not out.exists()
-
-
-@pytest.fixture
-def many_small(tmp_path, root):
-    """40,000 points of 100 requests: enough Python per point to go to worker processes."""
-    seeds = ", ".join(map(str, range(40000)))
-    return h100_study(tmp_path / "many.yaml", root,
-                      f"workload:\n  n_requests: 100\nsweep:\n  workload.seed: [{seeds}]\n")
 
 
 def test_small_points_in_worker_processes_give_the_same_table(root, tmp_path, monkeypatch):
@@ -192,16 +193,6 @@ def test_small_points_in_worker_processes_give_the_same_table(root, tmp_path, mo
     monkeypatch.setattr(runner, "_processes", spy)
     forked = runner.run_grid(grid, workers=2)
     assert used and np.array_equal(alone, forked, equal_nan=True)
-
-
-def test_ctrl_c_stops_worker_processes_and_keeps_progress(many_small, tmp_path):
-    out = tmp_path / "out.nc"
-    code, stderr, done = start_and_stop(many_small, out, 2, signal.SIGINT)
-    assert code == 130 and done > 0
-    assert stderr.strip().splitlines() == [
-        f"error: interrupted; finished points are kept in {checkpoint_path(out)}: rerun with --resume"
-    ]  # and no traceback from the worker processes
-    assert not out.exists()
 
 
 def test_resume_refuses_a_different_sweep(small, tmp_path):
