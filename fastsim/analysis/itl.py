@@ -182,7 +182,7 @@ def _listed_ranks(k, runs, whole, cr, ca, cb, gaps, ranks):
 def _weighted_ranks(values, weights, ranks):
     """The values of 0-based ``ranks`` when each ``values[i]`` counts ``weights[i]`` times. A
     selection, not a sort: one pass bins the weights over equal bins between the extremes (about
-    eight values a bin), then each rank's bin alone is sorted."""
+    eight values a bin), then a quickselect finds each rank in its bin alone."""
     out = np.empty(ranks.size)
     lo, hi = smallest(values), largest(values)
     if not hi > lo:
@@ -318,6 +318,6 @@ def quantiles(k: np.ndarray, runs: np.ndarray, gaps: np.ndarray, total: int, ps:
         return [float("nan")] * len(ps)
     ranks = np.array([min(total - 1, int(p * total)) for p in ps], dtype=np.int64)
     if runs.shape[0] <= LIST_MAX and int(run_lengths(runs).sum()) + gaps.size <= LIST_MAX:
-        # a small run (a sweep point of a few requests): every gap listed, in two compiled calls
+        # a small run (a sweep point of a few requests): every gap listed, in one compiled call
         return _listed_ranks(k, runs, True, NONE, NONE, NONE, gaps, ranks).tolist()
     return _select(k, runs, None, None, None, gaps, ranks, total)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+
 import numpy as np
 
 from ..model.schema import Workload

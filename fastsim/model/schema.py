@@ -357,8 +357,8 @@ def axis_validator(base: Config, key: str) -> Callable[[list], list] | None:
     """A function that validates every value of a sweep axis ``key`` in one call and returns
     them as :func:`section_validator` leaves them one at a time (``1e3`` becomes ``1000``), for
     a field with no validator of its own in a section with none across fields (then the other
-    fields cannot change a value's fate); None for any other field. Its error does not name the
-    value: validate a refused axis value by value for that."""
+    fields cannot change a value's fate); None for any other field. Its ConfigError does not
+    name the value: validate a refused axis value by value for that."""
     section, leaf = key.rsplit(".", 1) if "." in key else ("", key)
     cls = type(get_dotted(base, section) if section else base)
     field = cls.model_fields.get(leaf)
@@ -369,7 +369,15 @@ def axis_validator(base: Config, key: str) -> Callable[[list], list] | None:
     if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
         return None
     one = Annotated[(field.annotation, *field.metadata)] if field.metadata else field.annotation
-    return TypeAdapter(list[one], config=ConfigDict(strict=cls.model_config.get("strict", False))).validate_python
+    adapter = TypeAdapter(list[one], config=ConfigDict(strict=cls.model_config.get("strict", False)))
+
+    def validate_all(values: list) -> list:
+        try:
+            return adapter.validate_python(values)
+        except ValidationError as exc:
+            raise _config_error(exc, key) from None
+
+    return validate_all
 
 
 def set_dotted(raw: dict, key: str, value: Any) -> None:

@@ -14,8 +14,6 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..engine.checks import CHECKS
-from pydantic import ValidationError
-
 from ..model.schema import Config, ConfigError, axis_validator, coupled_section, get_dotted, section_validator
 
 AT_ONCE = 256  # axes this long are validated in one call when their field allows it
@@ -110,7 +108,7 @@ def build_grid(config: Config, check: bool = True) -> Grid:
             try:
                 normalised[key] = list(at_once(values))
                 continue
-            except ValidationError:
+            except ConfigError:
                 pass  # some value is refused: find it, value by value, for the error naming it
         section = key.rsplit(".", 1)[0] if "." in key else ""
         for j, value in enumerate(values):

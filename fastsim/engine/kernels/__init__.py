@@ -52,14 +52,16 @@ class Plan:
         decode replica, whose prompts arrive whole).
 
         The last plan is kept: a sweep's points that differ only in their workload share the
-        other sections' objects (:meth:`Config.at` copies only what changes) and reuse it."""
+        other sections' objects (:meth:`Config.at` copies only what changes) and reuse it. (Threads
+        may share it: it is one tuple, read and replaced whole.)"""
         global _last_plan
+        max_output = config.workload.max_output if max_output is None else max_output
         sections = (config.engine, config.hardware, config.model, config.calibration)
-        key = (config.workload.max_output if max_output is None else max_output, config.workload.prefix_tokens, prefix)
+        key = (max_output, config.workload.prefix_tokens, prefix)
         last = _last_plan
         if last is not None and last[1] == key and all(a is b for a, b in zip(last[0], sections)):
             return last[2]
-        plan = cls._fold(config, key[0], prefix)
+        plan = cls._fold(config, max_output, prefix)
         _last_plan = (sections, key, plan)
         return plan
 
