@@ -9,6 +9,7 @@ half-written file. Opened with xarray, a written file equals the in-memory Datas
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
@@ -108,9 +109,24 @@ def _provenance(config: Config) -> dict[str, str]:
         "fastsim_version": __version__,
         "numpy_version": np.__version__,
         "numba_version": numba.__version__,
-        # libyaml's emitter when present: a sweep's config may list a million axis values
-        "config": yaml.dump(config.model_dump(), Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper), sort_keys=False),
+        "config": _config_text(config),
     }
+
+
+def _config_text(config: Config) -> str:
+    """The resolved config as YAML (libyaml's emitter when present). A sweep may list a million
+    axis values, ~10 us each through the emitter: an axis of integers (seeds, counts) is written
+    directly as one flow sequence, which reads back the same."""
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    raw = config.model_dump()
+    sweep = raw.pop("sweep")
+    lines = [yaml.dump(raw, Dumper=dumper, sort_keys=False).rstrip("\n"), "sweep:" if sweep else "sweep: {}"]
+    for key, values in sweep.items():
+        if all(type(v) is int for v in values):
+            lines.append(f"  {json.dumps(key)}: [{', '.join(map(str, values))}]")
+        else:
+            lines += ["  " + line for line in yaml.dump({key: values}, Dumper=dumper).splitlines()]
+    return "\n".join(lines) + "\n"
 
 
 def _coordinate(values: Sequence[Any]) -> np.ndarray:
