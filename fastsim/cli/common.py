@@ -47,7 +47,8 @@ MaxMemoryOpt = Annotated[
     typer.Option("--max-memory", help="Refuse work needing more memory than this (8GB, 500MB; default: what is "
                                       "available).", metavar="SIZE"),
 ]
-WorkersOpt = Annotated[Optional[int], typer.Option(help="Worker threads on this machine (default: all cores).", min=1)]
+WorkersOpt = Annotated[Optional[int], typer.Option(
+    help="Workers on this machine: threads, or forked processes for many small points (default: all cores).", min=1)]
 SchedulerOpt = Annotated[Optional[str], typer.Option(help="Dask scheduler address (tcp://host:8786), or 'local'.")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
 ResumeOpt = Annotated[bool, typer.Option("--resume", help="Continue an interrupted run from its checkpoint.")]
