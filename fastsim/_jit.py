@@ -1,4 +1,5 @@
-"""The one place that sets Numba flags for fastsim's kernels.
+"""The one place that sets Numba flags for fastsim's kernels, and the loops they use instead of
+NumPy reductions that cost a new user's first run a second each to compile.
 
 ``cache=True`` writes compiled machine code beside the package so later processes (Dask workers
 included) load it instead of compiling; ``nogil=True`` lets threads run kernels in parallel.

@@ -22,12 +22,10 @@ POOL_SIZE = 4  # SeedSequence's default pool of 32-bit words
 M32 = 0xFFFFFFFF
 PCG_MULT = 0x2360ED051FC65DA44385DF649FCCF645
 M128 = (1 << 128) - 1
-
-_local = threading.local()
-
-
 INIT_A, MULT_A, INIT_B, MULT_B = 0x43B0D7E5, 0x931E8875, 0x8B51F9DD, 0x58F38DED  # SeedSequence's constants
 MIX_L, MIX_R = 0xCA01F9DD, 0x4973F715
+
+_local = threading.local()  # each thread's Generator
 
 
 @inline

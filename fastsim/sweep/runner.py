@@ -35,12 +35,12 @@ from .grid import Grid
 
 SECONDS_PER_BLOCK = 0.25
 SECONDS_PER_REQUEST = 1.6e-7  # traffic + kernel + metrics per request: ~6.2 M/s per worker, measured
+SECONDS_PER_POINT = 2e-4  # and the Python around them, per point (measured on 100-request points)
 # Below this many requests per point, a point is mostly Python holding the GIL (config, traffic
 # set-up, metrics: ~150 us): worker threads then contend for it and run slower than one thread.
 # Measured: 3000 points of 1000 requests, 1.1 s on one thread, 1.5 s on two; of 3000, 2.7 s, 1.9 s.
 MIN_REQUESTS_FOR_THREADS = 2000
 # Such points go to worker processes instead (forked, Linux) when there is enough work for it.
-SECONDS_PER_POINT = 2e-4  # the Python of a small point, measured on a 100-request point
 MIN_SECONDS_FOR_PROCESSES = 6.0
 
 
@@ -84,6 +84,11 @@ def run_block(grid: Grid, block: np.ndarray, task: Task, stop: threading.Event |
     return block, task([grid.config(i) for i in block.tolist()], stop)
 
 
+def point_seconds(grid: Grid, seconds_per_request: float = SECONDS_PER_REQUEST) -> float:
+    """The estimated time of the grid's largest point."""
+    return SECONDS_PER_POINT + grid.max_requests * seconds_per_request
+
+
 def make_blocks(grid: Grid, todo: np.ndarray, workers: int, seconds_per_request: float = SECONDS_PER_REQUEST
                 ) -> list[np.ndarray]:
     """Chunk the points still to do (flat indices, ascending) into blocks, grouping points with
@@ -94,7 +99,7 @@ def make_blocks(grid: Grid, todo: np.ndarray, workers: int, seconds_per_request:
     if workload_axes:
         coords = np.unravel_index(todo, grid.shape)
         todo = todo[np.lexsort((todo, *[coords[j] for j in reversed(workload_axes)]))]
-    by_time = max(1, int(SECONDS_PER_BLOCK / (grid.max_requests * seconds_per_request)))
+    by_time = max(1, int(SECONDS_PER_BLOCK / point_seconds(grid, seconds_per_request)))
     by_balance = max(1, math.ceil(todo.size / (4 * workers)))
     size = min(by_time, by_balance)
     return [todo[j : j + size] for j in range(0, todo.size, size)]
@@ -273,8 +278,7 @@ def run_grid(
     elif workers == 1 or len(blocks) == 1:
         results = _in_process(grid, blocks, task)
     elif grid.max_requests * task.seconds_per_request < MIN_REQUESTS_FOR_THREADS * SECONDS_PER_REQUEST:
-        seconds = todo.size * (SECONDS_PER_POINT + grid.max_requests * task.seconds_per_request)
-        if seconds < MIN_SECONDS_FOR_PROCESSES or not _can_fork():
+        if todo.size * point_seconds(grid, task.seconds_per_request) < MIN_SECONDS_FOR_PROCESSES or not _can_fork():
             results = _in_process(grid, blocks, task)
         else:
             warm_up(grid)  # compile or load once, before the workers are forked
