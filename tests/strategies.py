@@ -3,13 +3,23 @@ config with DESIGN.md's formulas written out again."""
 
 import math
 
+import numpy as np
 from hypothesis import strategies as st
 
 from fastsim import Config
+from fastsim.engine.kernels import Scratch
 from fastsim.model.schema import Hardware
 
 from .oracles import fleet as oracle_fleet
 from .oracles import serving as oracle_serving
+
+
+def dirty_scratch() -> Scratch:
+    """A kernel scratch whose state room is full of garbage (a kernel must initialise what it
+    reads: a caller's scratch holds the last run's state)."""
+    scratch = Scratch()
+    scratch.state = np.full(1 << 18, -(1 << 40) - 7, np.int64)
+    return scratch
 
 
 def oracle_engine(c: Config, prefill: bool = False) -> oracle_serving.Engine:

@@ -25,7 +25,7 @@ from ..model.schema import Config
 from . import link, router
 from .kernels import RUNS_PER_REQUEST, Outcome, Plan, Scratch, longest_output, outcome, run_engine, with_api
 from .kernels import run as run_one
-from .kernels.pool import coupled
+from .kernels.pool import WORK_ROWS, coupled
 from .traffic import Traffic, routes
 
 def _merge(parts: list[tuple[np.ndarray, Outcome]], n: int, k: np.ndarray) -> Outcome:
@@ -69,12 +69,14 @@ def _pool(p: Plan, name: str, replicas: int, arrival: np.ndarray, prompt: np.nda
     first, done = np.empty(n), np.empty(n)
     replica = np.empty(n, np.int64)
     room = (RUNS_PER_REQUEST * n + 64, n // 8 + 64)  # as the one-engine driver's
+    scratch = Scratch() if scratch is None else scratch
     while True:
-        runs = (Scratch() if scratch is None else scratch).take(room[0], False)
+        runs = scratch.take(room[0], False)
         gaps = np.empty(room[1])
         counters = coupled(
             arrival, prompt, output, replicas, router.CODES[name], draws.astype(np.int64), p.limit, p.k, p.budget,
-            blocks, p.block_tokens, p.reserve, p.prefix_blocks, p.max_output, token_1, first, done, replica, runs, gaps)
+            blocks, p.block_tokens, p.reserve, p.prefix_blocks, p.max_output, token_1, first, done, replica, runs, gaps,
+            scratch.work(WORK_ROWS, n))
         nruns, ngaps = counters[6:]
         if nruns <= len(runs) and ngaps <= len(gaps):
             break

@@ -2,10 +2,11 @@
 
 The estimate is an upper bound built from what a run allocates at its peak, per request: the
 traffic (arrival, prompt, output), what generating it allocates on the way, the kernel's
-per-request state (first token, done, calendar links and due steps, token counters), the record
-of step runs (room for three a request, 32 bytes each: the per-step records the inter-token
-latencies come from), and the metrics' latency arrays. The completion calendar is bounded
-(``engine.kernels.RING_MAX`` buckets), so no token count drives memory.
+per-request state (first token, done, calendar links and due steps, token counters: kept in the
+thread's scratch between runs), the record of step runs (room for three a request, 32 bytes
+each: the per-step records the inter-token latencies come from), the metrics' latency arrays,
+and a fleet's outcomes per pool. The completion calendar is bounded (``engine.kernels.RING_MAX``
+buckets), so no token count drives memory.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import re
 
 from ..model.schema import Config, ConfigError
 
-BYTES_PER_REQUEST = 256  # measured peak 176 to 233 (tests/test_memory.py checks the bound)
+BYTES_PER_REQUEST = 352  # measured peak 73 to 331, P/D the largest (tests/sweep/test_memory.py checks the bound)
 BYTES_PER_RUN = 1 << 20  # calendar (512 KiB at most) and small arrays
 BYTES_PER_POINT = 4 * 8  # per metric of a sweep's table: the table, a checkpoint copy, output
 

@@ -12,7 +12,7 @@ from fastsim.analysis.simulation import measure
 from fastsim.engine import checks, fleet
 from fastsim.engine.traffic import generate, routes
 
-from ..strategies import fleet_configs, fleet_oracle
+from ..strategies import dirty_scratch, fleet_configs, fleet_oracle
 
 
 def lesson_quantile(values, p):
@@ -42,7 +42,7 @@ def run_both(config):
     n = len(traffic)
     draws = routes(config.workload, n, f.replicas, 0) if f.router == "random" else None
     pre_draws = routes(config.workload, n, f.prefill_replicas, 1) if f.router == "random" and f.prefill_replicas else None
-    return traffic, fleet.run(config, traffic), fleet_oracle(config, traffic, draws, pre_draws)
+    return traffic, fleet.run(config, traffic, dirty_scratch()), fleet_oracle(config, traffic, draws, pre_draws)
 
 
 @settings(max_examples=300)
@@ -72,7 +72,7 @@ def test_fleets_match_the_fleet_oracle_exactly(config):
 def coupled_round_robin(config, traffic):
     """The pool kernel on a round-robin fleet (which fleet.run runs replica by replica)."""
     from fastsim.engine.kernels import Plan
-    from fastsim.engine.kernels.pool import coupled
+    from fastsim.engine.kernels.pool import WORK_ROWS, coupled
     from fastsim.engine.router import ROUND_ROBIN
 
     p = Plan.of(config)
@@ -81,7 +81,7 @@ def coupled_round_robin(config, traffic):
     runs, gaps = np.empty((4 * n + 64, 4), np.int64), np.empty(n + 64)
     counts = coupled(traffic.arrival_s, traffic.prompt_tokens, traffic.output_tokens, config.fleet.replicas, ROUND_ROBIN,
                      np.empty(n, np.int64), p.limit, p.k, p.budget, p.blocks, p.block_tokens, p.reserve, p.prefix_blocks,
-                     p.max_output, np.empty(0), first, done, replica, runs, gaps)
+                     p.max_output, np.empty(0), first, done, replica, runs, gaps, np.full((WORK_ROWS, n + 1), -7, np.int64))
     return first + p.api_s, done + p.api_s, replica, counts
 
 

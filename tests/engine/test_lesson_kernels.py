@@ -13,6 +13,7 @@ from fastsim.model import cost
 from fastsim.engine.traffic import generate
 
 from ..oracles import lesson as oracle
+from ..strategies import dirty_scratch
 
 
 @st.composite
@@ -57,7 +58,7 @@ def lesson_step_time(config: Config) -> tuple[float, float]:
 
 def run_both(config: Config):
     traffic = generate(config.workload)
-    fast = kernels.run(config, traffic)
+    fast = kernels.run(config, traffic, scratch=dirty_scratch())
     t_weight, t_kv = lesson_step_time(config)
     e = config.engine
     window = e.window_ms / 1000 if e.policy == "dynamic" else math.inf

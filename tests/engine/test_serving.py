@@ -15,12 +15,12 @@ from fastsim.analysis.simulation import measure
 from fastsim.engine.traffic import generate
 
 from ..oracles import serving as oracle_serving
-from ..strategies import oracle_engine, serving_configs
+from ..strategies import dirty_scratch, oracle_engine, serving_configs
 
 
 def run_both(config):
     traffic = generate(config.workload)
-    fast = kernels.run(config, traffic)
+    fast = kernels.run(config, traffic, scratch=dirty_scratch())
     slow = oracle_serving.simulate(traffic.arrival_s.tolist(), traffic.prompt_tokens.tolist(),
                                    traffic.output_tokens.tolist(), oracle_engine(config))
     return traffic, fast, slow

@@ -20,7 +20,7 @@ def one_line(result):
 def test_a_billion_requests_is_refused_with_the_key_and_the_estimate(root, monkeypatch):
     monkeypatch.setattr(memory, "available_bytes", lambda: 21_000_000_000)
     result = CliRunner().invoke(app, ["run", str(root / "configs/h100.yaml"), "--set", "workload.n_requests=1e9"])
-    assert one_line(result) == "error: workload.n_requests: 1,000,000,000 requests need ~256 GB, 21 GB available"
+    assert one_line(result) == "error: workload.n_requests: 1,000,000,000 requests need ~352 GB, 21 GB available"
 
 
 def test_max_memory_option(root):
@@ -52,7 +52,10 @@ def test_longest_output_does_not_drive_memory():
 def test_estimate_bounds_the_measured_peak():
     config = Config().with_values({"workload.n_requests": 200_000, "workload.rate": 40})
     serving = {"hardware.preset": "h100-sxm", "model.preset": "llama-3.1-8b", "engine.max_batched_tokens": 8192}
-    cases = [{"engine.policy": p} for p in ("static", "continuous")] + [{**serving, "engine.policy": "continuous"}]
+    cases = [{"engine.policy": p} for p in ("static", "continuous")] + [{**serving, "engine.policy": p} for p in (
+        "static", "continuous")] + [{**serving, "fleet.replicas": 4, "workload.rate": 120},
+                                    {**serving, "fleet.replicas": 4, "fleet.router": "least_outstanding"},
+                                    {**serving, "fleet.replicas": 3, "fleet.prefill_replicas": 1, "workload.rate": 90}]
     for case in cases:  # compile outside the measurement
         simulate(config.with_values({**case, "workload.n_requests": 10}))
     for policy in cases:
@@ -89,5 +92,5 @@ def test_capacity_checks_the_largest_point_of_its_grid(root, tmp_path):
     line = one_line(CliRunner().invoke(app, ["capacity", str(root / "configs/h100.yaml"), "--quiet", "--workers", "1",
                                              "--set", "sweep.workload.n_requests=[1000, 1e9]", "--max-memory", "1GB",
                                              "--out", str(tmp_path / "c.nc")]))
-    assert line.startswith("error: workload.n_requests: 1,000,000,000 requests need ~256 GB")
+    assert line.startswith("error: workload.n_requests: 1,000,000,000 requests need ~352 GB")
     assert not list(tmp_path.iterdir())

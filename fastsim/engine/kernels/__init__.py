@@ -111,23 +111,26 @@ class Outcome:
     prefill_replica: np.ndarray | None = None  # int32 (n,): the prefill replica, or -1 (disaggregated)
 
 
-def _continuous(p: Plan, arrival, prompt, output, first_token, done, runs, gaps, token_1) -> tuple:
+def _continuous(p: Plan, arrival, prompt, output, first_token, done, runs, gaps, token_1, scratch: Scratch) -> tuple:
+    n = arrival.size
     if p.lesson and not token_1.size:
         steps, busy, queue, nruns = lesson.continuous(arrival, prompt, output, p.limit, p.k[1], p.k[2], first_token,
-                                                      done, runs)
+                                                      done, runs, scratch.work(lesson.WORK_ROWS, n))
         return steps, busy, queue, 0, 0, 0, nruns, 0
     return serving.continuous(arrival, prompt, output, p.limit, p.k, p.budget, p.blocks, p.block_tokens, p.reserve,
-                              p.prefix_blocks, p.max_output, token_1, first_token, done, runs, gaps)
+                              p.prefix_blocks, p.max_output, token_1, first_token, done, runs, gaps,
+                              scratch.work(serving.WORK_ROWS, n))
 
 
-def _batched(p: Plan, arrival, prompt, output, first_token, done, runs, gaps, token_1) -> tuple:
+def _batched(p: Plan, arrival, prompt, output, first_token, done, runs, gaps, token_1, scratch: Scratch) -> tuple:
+    n = arrival.size
     if p.lesson:
         steps, busy, queue, nruns = lesson.batched(arrival, prompt, output, p.limit, p.window_s, p.k[1], p.k[2],
-                                                   first_token, done, runs)
+                                                   first_token, done, runs, scratch.work(lesson.WORK_ROWS, n))
         return steps, busy, queue, 0, 0, 0, nruns, 0
     steps, busy, queue, kv_sum, kv_peak, nruns = serving_batched.batched(
         arrival, prompt, output, p.limit, p.window_s, p.k, p.blocks, p.block_tokens, p.prefix_blocks, p.max_output,
-        first_token, done, runs,
+        first_token, done, runs, scratch.work(serving_batched.WORK_ROWS, n),
     )
     return steps, busy, queue, 0, kv_sum, kv_peak, nruns, 0
 
@@ -141,21 +144,35 @@ POLICIES: dict[str, Callable] = {
 assert tuple(POLICIES) == POLICY_NAMES
 
 
+def _room(buffer: np.ndarray, size: int) -> np.ndarray:
+    """``buffer``, or a new one when it is too small or far too large (a huge one is let go)."""
+    return buffer if size <= buffer.size <= 8 * size + (1 << 22) else np.empty(size, np.int64)
+
+
 class Scratch:
-    """Room for a kernel's step runs, kept between runs by a caller that uses each Outcome before
-    the next run (as :func:`fastsim.simulate` does): a fresh buffer's first touch costs 10-20 ms
-    per million requests, as much as a fifth of the kernel. Grows as needed."""
+    """Room for a kernel's step runs and its per-request state, kept between runs by a caller
+    that uses each Outcome before the next run (as :func:`fastsim.simulate` does). Memory fresh
+    from the system costs a page fault at its first touch: for the serving kernel's state at a
+    million requests, measured a quarter of the kernel's time. Grows as needed."""
 
     def __init__(self) -> None:
         self.buffer = np.empty(0, np.int64)
+        self.state = np.empty(0, np.int64)
 
     def take(self, rows: int, compact: bool) -> np.ndarray:
         """Room for ``rows`` runs in the compact or the full layout."""
         size = rows * (COMPACT_RUN.itemsize // 8 if compact else FULL_COLUMNS)
-        if self.buffer.size < size or self.buffer.size > 8 * size + (1 << 22):  # grow, or let a huge one go
-            self.buffer = np.empty(size, np.int64)
+        self.buffer = _room(self.buffer, size)
         room = self.buffer[:size]
         return room.view(COMPACT_RUN) if compact else room.reshape(rows, FULL_COLUMNS)
+
+    def work(self, rows: int, n: int) -> np.ndarray:
+        """Room for a kernel's ``rows`` arrays of state for ``n`` requests: int64 (rows, n + 1),
+        a spare slot at the end of each (:mod:`._running`), contents left over (each kernel
+        initialises what it reads)."""
+        size = rows * (n + 1)
+        self.state = _room(self.state, size)
+        return self.state[:size].reshape(rows, n + 1)
 
 
 def outcome(p: Plan, first_token: np.ndarray, done: np.ndarray, counters: tuple, runs: np.ndarray, gaps: np.ndarray,
@@ -183,10 +200,11 @@ def run_engine(p: Plan, arrival: np.ndarray, prompt: np.ndarray, output: np.ndar
     room = (RUNS_PER_REQUEST * n + 64, n // 8 + 64)
     kernel = POLICIES[p.policy]
     compact = p.lesson and not token_1.size
+    scratch = Scratch() if scratch is None else scratch
     while True:
-        runs = (Scratch() if scratch is None else scratch).take(room[0], compact)
+        runs = scratch.take(room[0], compact)
         gaps = np.empty(room[1])
-        counters = kernel(p, arrival, prompt, output, first_token, done, runs, gaps, token_1)
+        counters = kernel(p, arrival, prompt, output, first_token, done, runs, gaps, token_1, scratch)
         nruns, ngaps = counters[6:]
         if nruns <= len(runs) and ngaps <= len(gaps):
             break

@@ -3,6 +3,13 @@ doubly linked completion calendar, from which a preempted request leaves in O(1)
 
 Bucket ``b`` of the calendar heads a list of the requests due at steps == b (mod its size);
 ``cprev`` of a bucket's first member is -2 - b, so a member can unlink itself.
+
+The helpers have no branches: where a link is missing (-1: the end of a list, or a bucket in
+place of a predecessor), they write to a spare slot instead, the last element of the array
+(each array has one more element than it has requests or buckets). Numba counts references to
+the arrays an inlined helper takes, and LLVM drops the counting only where no branch separates
+it from the helper's writes: what was left, atomic increments and decrements at each completion,
+measured a fifth of the serving kernel.
 """
 
 from __future__ import annotations
@@ -29,8 +36,7 @@ def cal_file(bucket, base, ring, cnext, cprev, due, cursor, steps, i, steps_left
     first = bucket[b]
     cnext[i] = first
     cprev[i] = -2 - b
-    if first >= 0:
-        cprev[first] = i
+    cprev[first if first >= 0 else cprev.size - 1] = i
     bucket[b] = i
 
 
@@ -38,12 +44,9 @@ def cal_file(bucket, base, ring, cnext, cprev, due, cursor, steps, i, steps_left
 def cal_remove(bucket, cnext, cprev, i):
     nxt = cnext[i]
     prv = cprev[i]
-    if prv >= 0:
-        cnext[prv] = nxt
-    else:
-        bucket[-2 - prv] = nxt
-    if nxt >= 0:
-        cprev[nxt] = prv
+    cnext[prv if prv >= 0 else cnext.size - 1] = nxt
+    bucket[-2 - prv if prv < 0 else bucket.size - 1] = nxt
+    cprev[nxt if nxt >= 0 else cprev.size - 1] = prv
 
 
 @inline
@@ -51,12 +54,6 @@ def unlink(rprev, rnext, rhead, rtail, i):
     """Remove request ``i`` from the running list; returns the new (head, tail)."""
     nx = rnext[i]
     pv = rprev[i]
-    if pv >= 0:
-        rnext[pv] = nx
-    else:
-        rhead = nx
-    if nx >= 0:
-        rprev[nx] = pv
-    else:
-        rtail = pv
-    return rhead, rtail
+    rnext[pv if pv >= 0 else rnext.size - 1] = nx
+    rprev[nx if nx >= 0 else rprev.size - 1] = pv
+    return (nx if pv < 0 else rhead), (pv if nx < 0 else rtail)

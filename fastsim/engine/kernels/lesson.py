@@ -44,8 +44,11 @@ def _steps_until_completion(bucket, cursor, now, ctx, active, t_weight, t_kv):
         cursor = nxt
 
 
+WORK_ROWS = 2  # the kernels' per-request state (the calendar's links and due steps): rows of ``work``
+
+
 @jit
-def continuous(arrival, prompt, output, limit, t_weight, t_kv, first_token, done, runs):
+def continuous(arrival, prompt, output, limit, t_weight, t_kv, first_token, done, runs, work):
     """Continuous (iteration-level) batching.
 
     Parameters
@@ -58,6 +61,8 @@ def continuous(arrival, prompt, output, limit, t_weight, t_kv, first_token, done
         last token steps
     runs : COMPACT_RUN (capacity,)    step runs (see :mod:`._calendar`): the kernel returns how
         many it needed
+    work : int64 (WORK_ROWS, n + 1)    room for the per-request state, contents left over (a
+        caller's scratch: memory reused, not fresh from the system)
 
     Returns
     -------
@@ -68,8 +73,8 @@ def continuous(arrival, prompt, output, limit, t_weight, t_kv, first_token, done
     ring = min(longest + 1, RING_MAX)
     wraps = longest >= ring
     bucket = np.full(ring, -1, np.int64)  # head of a linked list of requests finishing there
-    link = np.empty(n, np.int64)
-    due = np.empty(n, np.int64)  # the step that emits each request's last token
+    link = work[0]
+    due = work[1]  # the step that emits each request's last token
     cursor = 0  # == steps % ring
     now = 0.0
     head = 0
@@ -133,7 +138,7 @@ def continuous(arrival, prompt, output, limit, t_weight, t_kv, first_token, done
 
 
 @jit
-def batched(arrival, prompt, output, limit, window, t_weight, t_kv, first_token, done, runs):
+def batched(arrival, prompt, output, limit, window, t_weight, t_kv, first_token, done, runs, work):
     """Static (``window`` = inf) and dynamic batching: a batch runs until its longest member ends.
 
     Parameters as :func:`_continuous`, plus ``window`` (seconds): a batch also starts once the
@@ -145,8 +150,8 @@ def batched(arrival, prompt, output, limit, window, t_weight, t_kv, first_token,
     ring = min(longest + 1, RING_MAX)
     wraps = longest >= ring
     bucket = np.full(ring, -1, np.int64)
-    link = np.empty(n, np.int64)
-    due = np.empty(n, np.int64)
+    link = work[0]
+    due = work[1]
     cursor = 0  # == steps % ring
     now = 0.0
     head = 0

@@ -50,9 +50,12 @@ def _extend(runs, nruns, run_kv, run_pairs, run_nw, run_m, n_tok, kv_tok, pairs,
     return nruns, kv_tok, pairs, nw, m
 
 
+WORK_ROWS = 13  # the kernel's per-request state: rows of ``work``
+
+
 @jit
 def coupled(arrival, prompt, output, replicas, code, routes, limit, k, budget, blocks, bt, reserve, pb, o_max,
-            token_1, first_token, done, replica, runs, gaps):
+            token_1, first_token, done, replica, runs, gaps, work):
     """Continuous batching on ``replicas`` replicas behind router ``code``.
 
     Parameters
@@ -69,6 +72,7 @@ def coupled(arrival, prompt, output, replicas, code, routes, limit, k, budget, b
     replica : int64 (n,)    filled with the replica each request was routed to
     runs : int64 (capacity, 4)    step runs of every replica: the kernel returns how many it needed
     gaps : float64 (capacity,)    irregular inter-token gaps: the kernel returns how many it needed
+    work : int64 (WORK_ROWS, n + 1)    room for the per-request state, as :func:`.serving.continuous`'s
 
     Returns
     -------
@@ -79,26 +83,28 @@ def coupled(arrival, prompt, output, replicas, code, routes, limit, k, budget, b
     cached = pb * bt
     limited = blocks >= 0
     paged = limited and not reserve
-    g = np.zeros(n, np.int64)  # tokens emitted (decoders: as of step dbase)
-    c = np.zeros(n, np.int64)  # tokens computed (non-decoders)
-    dbase = np.zeros(n, np.int64)
-    held = np.zeros(n, np.int64)
-    phase = np.zeros(n, np.int64)
-    last_t = np.zeros(n)
-    if token_1.size:  # decode replicas: prompts arrive computed, their first token emitted
-        for i in range(n):  # a loop: an array assigned to a slice compiles in ~4 s (a new user's first run)
-            c[i] = prompt[i]
-            g[i] = 1
+    g = work[0]  # tokens emitted (decoders: as of step dbase)
+    c = work[1]  # tokens computed (non-decoders)
+    held = work[2]
+    dbase = work[3]  # set when a request becomes a decoder, as phase
+    phase = work[4]
+    last_t = work[5].view(np.float64)  # set when a later gap reads it
+    rprev = work[6]  # each replica's running list, in admission order
+    rnext = work[7]
+    cnext = work[8]
+    cprev = work[9]
+    due = work[10]
+    pnext = work[11]  # each replica's stack of preempted requests
+    qnext = work[12]  # each replica's waiting queue (after its preempted ones)
+    decode = token_1.size > 0  # decode replicas: prompts arrive computed, their first token emitted
+    for i in range(n):  # a loop: an array assigned to a slice compiles in ~4 s (a new user's first run)
+        c[i] = prompt[i] if decode else 0
+        g[i] = 1 if decode else 0
+        held[i] = 0
+        if decode:
             last_t[i] = token_1[i]
-    rprev = np.empty(n, np.int64)  # each replica's running list, in admission order
-    rnext = np.empty(n, np.int64)
-    cnext = np.empty(n, np.int64)
-    cprev = np.empty(n, np.int64)
-    due = np.empty(n, np.int64)
-    pnext = np.empty(n, np.int64)  # each replica's stack of preempted requests
-    qnext = np.empty(n, np.int64)  # each replica's waiting queue (after its preempted ones)
     ring = min(largest(output) + 1, RING_MAX)
-    bucket = np.full(replicas * ring, -1, np.int64)  # replica r's calendar from r * ring
+    bucket = np.full(replicas * ring + 1, -1, np.int64)  # replica r's calendar from r * ring; a spare slot
     bcount = np.zeros((replicas, bt), np.int64)
     st = np.zeros((replicas, N_STATE), np.int64)
     st[:, RHEAD] = st[:, RTAIL] = st[:, PARTIAL] = st[:, PTOP] = st[:, QFIRST] = st[:, QLAST] = -1

@@ -31,9 +31,12 @@ from ._calendar import RING_MAX, record
 from ._running import cal_file, cal_remove, cdiv, unlink
 
 
+WORK_ROWS = 12  # the kernel's per-request state: rows of ``work``
+
+
 @jit
 def continuous(arrival, prompt, output, limit, k, budget, blocks, bt, reserve, pb, o_max, token_1,
-                first_token, done, runs, gaps):
+                first_token, done, runs, gaps, work):
     """Continuous batching in the serving model.
 
     Parameters
@@ -56,6 +59,9 @@ def continuous(arrival, prompt, output, limit, k, budget, blocks, bt, reserve, p
     runs : int64 (capacity, 4)    step runs (:mod:`._calendar`): the kernel returns how many it
         needed
     gaps : float64 (capacity,)    irregular inter-token gaps: the kernel returns how many it needed
+    work : int64 (WORK_ROWS, n + 1)    room for the per-request state and its lists' spare slots
+        (:mod:`._running`), contents left over (a caller's scratch: memory reused, not fresh
+        from the system)
 
     Returns
     -------
@@ -67,33 +73,35 @@ def continuous(arrival, prompt, output, limit, k, budget, blocks, bt, reserve, p
     limited = blocks >= 0
     paged = limited and not reserve
     free = blocks - pb if limited else 0
-    g = np.zeros(n, np.int64)  # tokens emitted (decoders: as of step dbase)
-    c = np.zeros(n, np.int64)  # tokens computed (non-decoders)
-    dbase = np.zeros(n, np.int64)  # decoders: the step count when they became decoders
-    held = np.zeros(n, np.int64)  # blocks held beyond the prefix (reserve; paged non-decoders)
-    phase = np.zeros(n, np.int64)  # decoders: they need a new block at steps == phase (mod bt)
-    last_t = np.zeros(n)  # time of the last token
-    if token_1.size:  # decode replica: prompts arrive computed, their first token emitted
-        for i in range(n):  # a loop: an array assigned to a slice compiles in ~4 s (a new user's first run)
-            c[i] = prompt[i]
-            g[i] = 1
+    g = work[0]  # tokens emitted (decoders: as of step dbase)
+    c = work[1]  # tokens computed (non-decoders)
+    held = work[2]  # blocks held beyond the prefix (reserve; paged non-decoders)
+    dbase = work[3]  # decoders: the step count when they became decoders (set then)
+    phase = work[4]  # decoders: they need a new block at steps == phase (mod bt) (set then)
+    last_t = work[5].view(np.float64)  # time of the last token (set when a later gap reads it)
+    rprev = work[6]  # running list, in admission order
+    rnext = work[7]
+    cnext = work[8]  # the completion calendar's lists
+    cprev = work[9]
+    due = work[10]
+    pstack = work[11]  # preempted requests: the front of the waiting queue, last on top
+    decode = token_1.size > 0  # a decode replica: prompts arrive computed, their first token emitted
+    for i in range(n):  # a loop: an array assigned to a slice compiles in ~4 s (a new user's first run)
+        c[i] = prompt[i] if decode else 0
+        g[i] = 1 if decode else 0
+        held[i] = 0
+        if decode:
             last_t[i] = token_1[i]
-    rprev = np.empty(n, np.int64)  # running list, in admission order
-    rnext = np.empty(n, np.int64)
     rhead = -1
     rtail = -1
     running = 0
     ring = min(largest(output) + 1, RING_MAX)
-    bucket = np.full(ring, -1, np.int64)
-    cnext = np.empty(n, np.int64)
-    cprev = np.empty(n, np.int64)
-    due = np.empty(n, np.int64)
+    bucket = np.full(ring + 1, -1, np.int64)  # and a spare slot (:mod:`._running`)
     cursor = 0  # == steps % ring
     bcount = np.zeros(bt, np.int64)  # decoders by block phase
     n_dec = 0  # D
     sum_c = 0  # SC: tokens computed by the decoders
     partial = -1
-    pstack = np.empty(n, np.int64)  # preempted requests: the front of the waiting queue, last on top
     ptop = 0
     head = 0
     qhead = 0
@@ -258,7 +266,7 @@ def continuous(arrival, prompt, output, limit, k, budget, blocks, bt, reserve, p
                 sum_c += c[i]
                 phase[i] = (steps - c[i]) % bt
                 bcount[phase[i]] += 1
-                cal_file(bucket, 0, bucket.size, cnext, cprev, due, cursor, steps, i, output[i] - g[i])
+                cal_file(bucket, 0, ring, cnext, cprev, due, cursor, steps, i, output[i] - g[i])
         # decoders due now finish
         i = bucket[cursor]
         while i >= 0:

@@ -13,8 +13,11 @@ from ._calendar import RING_MAX, due_now, file, record
 from ._running import cdiv
 
 
+WORK_ROWS = 2  # the calendar's links and due steps: rows of ``work``
+
+
 @jit
-def batched(arrival, prompt, output, limit, window, k, blocks, bt, pb, o_max, first_token, done, runs):
+def batched(arrival, prompt, output, limit, window, k, blocks, bt, pb, o_max, first_token, done, runs, work):
     """Static (``window`` = inf) and dynamic batching in the serving model.
 
     A batch takes whole prompts in its first step (no budget), then one token per row per step;
@@ -33,8 +36,8 @@ def batched(arrival, prompt, output, limit, window, k, blocks, bt, pb, o_max, fi
     ring = min(longest + 1, RING_MAX)
     wraps = longest >= ring
     bucket = np.full(ring, -1, np.int64)
-    link = np.empty(n, np.int64)
-    due = np.empty(n, np.int64)
+    link = work[0]
+    due = work[1]
     cursor = 0
     now = 0.0
     head = 0
