@@ -12,8 +12,9 @@ middle step's value) brackets each rank in a narrow window of values. One pass o
 then counts the gaps below each window and keeps a copy of the runs reaching into it (a run
 wholly below or above costs its last duration and a bound on its first); should a window miss
 its rank, it widens and the pass runs again. Among the runs kept, smaller windows narrow the
-same way until a few thousand steps are left, which are listed and selected by weight. The work follows the number of runs, not of
-tokens. Quantiles use the lesson's rule (the sorted value at floor(p n)).
+same way until a few thousand steps are left, which are listed and selected by weight. The work
+follows the number of runs, not of tokens. Quantiles use the lesson's rule (the sorted value at
+floor(p n)).
 """
 
 from __future__ import annotations

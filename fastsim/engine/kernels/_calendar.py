@@ -22,9 +22,9 @@ Two layouts:
   (kv = C, wm = w << 32 | m): half the bytes to write and to read back, which is most of what
   recording costs a kernel.
 
-:func:`run_w`, :func:`run_m` and :func:`run_step` read either (:func:`run_copy` copies a run); Numba compiles them to the one
-layout a caller's array has (a branch on the layout at run time made the ITL pass 2.5 times
-slower).
+:func:`run_w`, :func:`run_m` and :func:`run_step` read either, :func:`run_copy` copies a run
+between two arrays of one layout; Numba compiles them to the one layout a caller's array has (a
+branch on the layout at run time made the ITL pass 2.5 times slower).
 """
 
 from __future__ import annotations
@@ -121,8 +121,8 @@ def _copy_full(dst, i, t, src, r):
 
 
 def _by_layout(compact, full):
-    """An accessor of (runs, r[, j]) for either layout; in a kernel, Numba compiles only the
-    one the array's type is."""
+    """An accessor of (runs, ...) for either layout, chosen by the first argument's type; in a
+    kernel, Numba compiles only the one the array's type is."""
 
     def accessor(runs, r, *j):
         return (compact if runs.dtype == COMPACT_RUN else full)(runs, r, *j)
