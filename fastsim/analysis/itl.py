@@ -9,12 +9,13 @@ one contiguous stretch, found by a short search.
 
 Selection, for every wanted rank at once: a sample of the runs (each standing for its gaps at its
 middle step's value) brackets each rank in a narrow window of values. One pass over every run
-then counts the gaps below each window and keeps a copy of the runs reaching into it (a run
-wholly below or above costs its last duration and a bound on its first); should a window miss
-its rank, it widens and the pass runs again. Among the runs kept, smaller windows narrow the
-same way until a few thousand steps are left, which are listed and selected by weight. The work
-follows the number of runs, not of tokens. Quantiles use the lesson's rule (the sorted value at
-floor(p n)).
+then counts the gaps of the runs wholly below each window and keeps a copy of the runs that may
+reach into it, whole (a run costs its last duration and a bound on its first). Among the runs
+kept, the rank's value is selected the same way, narrowing until a few thousand steps are
+left, which are listed and selected by weight; deeper narrowings keep only the part of each
+run inside their window. A value outside its window means the sample misled: the window
+widens and the pass runs again. The work follows the number of runs, not of tokens. Quantiles
+use the lesson's rule (the sorted value at floor(p n)).
 """
 
 from __future__ import annotations
@@ -103,25 +104,31 @@ def _sample(k, runs, whole, cr, ca, cb, gaps, size):
     return values, weights
 
 
-@jit
-def _split(k, runs, whole, cr, ca, cb, gaps, lows, highs, below, kr, ka, kb, kept):
-    """One pass over the stretches of runs and the gaps, for every window
-    [lows[i], highs[i]]: count into ``below[i]`` the gaps under it and keep into row i of kr,
-    ka, kb the stretches reaching into it (``kept[i]`` of them; past the rows' room only
-    counted): a copy of the run (in ``runs``' layout) and the stretch's first and last step.
-    The next narrowing reads those copies in order: reading the kept runs where they lie, a
-    few percent of them scattered over the record, measured 70-120 ns each.
+@inline
+def _floor(k, db, grown):
+    """A bound below the first duration of a stretch whose last is ``db``, over ``grown``
+    contexts' growth (steps after the first x w): a step takes at most ``w * max(t_kv, t_pair)``
+    longer than the one before (the memory and the compute side each grow by that much, the
+    rest not at all); with room for rounding."""
+    return db - grown * max(k[2], k[4]) * (1.0 + 1e-9) - 1e-12 * db
 
-    A stretch costs one duration, its last step's, and a bound on its first: a step takes at
-    most ``w * max(t_kv, t_pair)`` longer than the one before (the memory and the compute side
-    each grow by that much, the rest not at all), so a stretch whose last duration minus that
-    growth is still above a window is above it, and only the few near a window compute more.
-    Counting below is a multiply, not a branch: half the stretches are below the median."""
+
+@jit
+def _split(k, runs, cr, ca, cb, gaps, lows, highs, below, kr, ka, kb, kept):
+    """One pass over the stretches (run ``cr[c]``, steps ``ca[c]..cb[c]``) and the gaps, for
+    every window [lows[i], highs[i]]: count into ``below[i]`` the gaps under it and keep into
+    row i of kr, ka, kb the stretches reaching into it (``kept[i]`` of them; past the rows' room
+    only counted): a copy of the run (in ``runs``' layout) and the part of the stretch inside
+    the window. The next narrowing reads those copies in order: reading kept runs where they
+    lie, a few percent of them scattered over the record, measured 70-120 ns each.
+
+    A stretch costs one duration, its last step's, and a bound on its first (:func:`_floor`):
+    only the few near a window compute more. Counting below is a multiply, not a branch: half
+    the stretches are below the median."""
     room = kr.shape[1]
-    growth = max(k[2], k[4]) * (1.0 + 1e-9)  # per step and request, with room for rounding
     lowest = smallest(lows)
-    for c in range(runs.shape[0] if whole else cr.size):
-        r, ja, jb = _stretch(runs, whole, cr, ca, cb, c)
+    for c in range(cr.size):
+        r, ja, jb = cr[c], ca[c], cb[c]
         w = run_w(runs, r)
         db = _duration(k, runs, r, jb)
         steps = (jb - ja + 1) * w
@@ -129,7 +136,7 @@ def _split(k, runs, whole, cr, ca, cb, gaps, lows, highs, below, kr, ka, kb, kep
             for i in range(lows.size):
                 below[i] += steps
             continue
-        floor = db - (jb - ja) * w * growth - 1e-12 * db  # <= the first step's duration
+        floor = _floor(k, db, (jb - ja) * w)  # <= the first step's duration
         for i in range(lows.size):
             low, high = lows[i], highs[i]
             below[i] += steps * (db < low)
@@ -150,6 +157,38 @@ def _split(k, runs, whole, cr, ca, cb, gaps, lows, highs, below, kr, ka, kb, kep
     for g in gaps:
         for i in range(lows.size):
             below[i] += g < lows[i]
+
+
+@jit
+def _split_whole(k, runs, lows, highs, kr):
+    """The first pass, over every run whole, for two windows at once (lows[i], highs[i], i < 2):
+    :func:`_split` without cutting the stretches to the windows. A run that may reach into
+    window i (its last duration at least ``lows[i]``, a bound on its first at most
+    ``highs[i]``) is copied whole into row i of ``kr`` (past its room only counted); only runs
+    wholly below a window count below it. Their steps outside the window stay in the
+    narrowing, so its answer is checked to lie in the window (see :func:`_select`). Returns
+    (below 0, below 1, kept 0, kept 1). Against :func:`_split` on every run (measured 1.1-1.35x
+    for the whole ITL): no searches for a window's edges here, counters in registers."""
+    room = kr.shape[1]
+    low0, high0, low1, high1 = lows[0], highs[0], lows[1], highs[1]
+    below0 = below1 = kept0 = kept1 = 0
+    for r in range(runs.shape[0]):
+        w = run_w(runs, r)
+        m = run_m(runs, r)
+        db = _duration(k, runs, r, m - 1)
+        steps = m * w
+        floor = _floor(k, db, (m - 1) * w)
+        below0 += steps * (db < low0)
+        below1 += steps * (db < low1)
+        if (db >= low0) & (floor <= high0):
+            if kept0 < room:
+                run_copy(kr, 0, kept0, runs, r)
+            kept0 += 1
+        if (db >= low1) & (floor <= high1):
+            if kept1 < room:
+                run_copy(kr, 1, kept1, runs, r)
+            kept1 += 1
+    return below0, below1, kept0, kept1
 
 
 @jit
@@ -293,9 +332,18 @@ def _select(k, runs, cr, ca, cb, gaps, ranks: np.ndarray, count: int, parent: in
         lows, highs = _windows(values, weights, ranks[todo] / count, widen[todo])
         below = np.zeros(todo.size, np.int64)
         kept = np.zeros(todo.size, np.int64)
-        kr = np.empty((todo.size, room) + runs.shape[1:], runs.dtype)  # the kept runs, copied
+        windows = todo.size + todo.size % 2 if whole else todo.size  # whole: two windows a pass
+        kr = np.empty((windows, room) + runs.shape[1:], runs.dtype)  # the kept runs, copied
         ka, kb = (np.empty((todo.size, room), np.int64) for _ in range(2))
-        _split(k, runs, whole, cr, ca, cb, gaps, lows, highs, below, kr, ka, kb, kept)
+        if whole:
+            pair = np.arange(windows) % todo.size  # an odd last window twice, into the spare row
+            for a in range(0, todo.size, 2):
+                counts = _split_whole(k, runs, lows[pair[a:a + 2]], highs[pair[a:a + 2]], kr[a:a + 2])
+                n = min(2, todo.size - a)
+                below[a:a + n], kept[a:a + n] = counts[:n], counts[2:2 + n]
+            below += np.count_nonzero(gaps[:, None] < lows[None, :], axis=0)
+        else:
+            _split(k, runs, cr, ca, cb, gaps, lows, highs, below, kr, ka, kb, kept)
         if kept.max() > room:  # more stretches reach into a window than there was room for
             room = int(kept.max())
             continue
@@ -304,15 +352,21 @@ def _select(k, runs, cr, ca, cb, gaps, ranks: np.ndarray, count: int, parent: in
             inside = gaps[(gaps >= lows[i]) & (gaps <= highs[i])]
             rows = slice(0, kept[i])
             sub, each = kr[i, rows], np.arange(kept[i])  # the kept runs, each a stretch of its own
+            if whole:  # kept whole: every step
+                ka[i, rows], kb[i, rows] = 0, run_lengths(sub) - 1
             size = _steps(sub, False, each, ka[i, rows], kb[i, rows]) + inside.size
             rank = ranks[t] - below[i]
-            if not 0 <= rank < size:
+            found = np.nan
+            if 0 <= rank < size:
+                if lows[i] == highs[i] and not whole:  # every kept step has that value
+                    found = float(lows[i])
+                else:
+                    found = _select(k, sub, each, ka[i, rows], kb[i, rows], inside, np.array([rank]), size, count)[0]
+            if lows[i] <= found <= highs[i]:  # runs kept whole: the answer must also lie in the window
+                out[t] = found
+            else:
                 widen[t] *= 4  # the sample misled: widen the window
                 again.append(t)
-            elif lows[i] == highs[i]:
-                out[t] = float(lows[i])
-            else:
-                out[t] = _select(k, sub, each, ka[i, rows], kb[i, rows], inside, np.array([rank]), size, count)[0]
         todo = np.array(again, dtype=np.int64)
     return out
 
