@@ -276,16 +276,29 @@ class Config(_Section):
 
     def at(self, values: dict[str, Any]) -> Config:
         """A new config with dotted keys set to ``values`` *without validating them*: for sweep
-        points whose values :func:`section_validator` has already checked and normalised."""
-
-        def put(node: BaseModel, parts: list[str], value: Any) -> BaseModel:
-            child = value if len(parts) == 1 else put(getattr(node, parts[0]), parts[1:], value)
-            return node.model_copy(update={parts[0]: child})
-
-        config = self
+        points whose values :func:`section_validator` has already checked and normalised. Each
+        section touched is copied once, whatever the number of its keys (a sweep point's copies
+        are most of its Python time)."""
+        tree = _Updates()
         for key, value in values.items():
-            config = put(config, key.split("."), value)
-        return config
+            node = tree
+            *sections, leaf = key.split(".")
+            for part in sections:
+                node = node.setdefault(part, _Updates())
+                if not isinstance(node, _Updates):  # a key inside a section also given whole
+                    raise ValueError(f"{key!r} is set both whole and inside")
+            node[leaf] = value
+
+        def put(model: BaseModel, updates: _Updates) -> BaseModel:
+            return model.model_copy(update={name: put(getattr(model, name), v) if isinstance(v, _Updates) else v
+                                            for name, v in updates.items()})
+
+        return put(self, tree)
+
+
+class _Updates(dict):
+    """A section's updates in :meth:`Config.at` (a dict subclass: a field's own dict value is
+    not one)."""
 
 
 def _hashable(v: Any) -> Any:
