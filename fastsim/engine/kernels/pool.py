@@ -29,7 +29,7 @@ from ..._jit import inline, jit, largest
 from ...model.cost import step_time
 from ..router import choose
 from ._calendar import LOW, RING_MAX, record
-from ._running import cal_file, cal_remove, cdiv, unlink
+from ._running import cal_file, cal_remove, cdiv, fresh, unlink
 
 # Per-replica scalars, columns of ``st``.
 (RHEAD, RTAIL, RUNNING, CURSOR, N_DEC, SUM_C, PARTIAL, PTOP, NPRE, QFIRST, QLAST, NWAIT, STEPS, BUSY, MAX_QUEUE,
@@ -96,13 +96,7 @@ def coupled(arrival, prompt, output, replicas, code, routes, limit, k, budget, b
     due = work[10]
     pnext = work[11]  # each replica's stack of preempted requests
     qnext = work[12]  # each replica's waiting queue (after its preempted ones)
-    decode = token_1.size > 0  # decode replicas: prompts arrive computed, their first token emitted
-    for i in range(n):  # a loop: an array assigned to a slice compiles in ~4 s (a new user's first run)
-        c[i] = prompt[i] if decode else 0
-        g[i] = 1 if decode else 0
-        held[i] = 0
-        if decode:
-            last_t[i] = token_1[i]
+    fresh(work, prompt, token_1)  # a decode replica's prompts arrive computed, their first token emitted
     ring = min(largest(output) + 1, RING_MAX)
     bucket = np.full(replicas * ring + 1, -1, np.int64)  # replica r's calendar from r * ring; a spare slot
     bcount = np.zeros((replicas, bt), np.int64)

@@ -28,7 +28,7 @@ import numpy as np
 from ..._jit import jit, largest
 from ...model.cost import step_time
 from ._calendar import RING_MAX, record
-from ._running import cal_file, cal_remove, cdiv, unlink
+from ._running import cal_file, cal_remove, cdiv, fresh, unlink
 
 
 WORK_ROWS = 12  # the kernel's per-request state: rows of ``work``
@@ -85,13 +85,7 @@ def continuous(arrival, prompt, output, limit, k, budget, blocks, bt, reserve, p
     cprev = work[9]
     due = work[10]
     pstack = work[11]  # preempted requests: the front of the waiting queue, last on top
-    decode = token_1.size > 0  # a decode replica: prompts arrive computed, their first token emitted
-    for i in range(n):  # a loop: an array assigned to a slice compiles in ~4 s (a new user's first run)
-        c[i] = prompt[i] if decode else 0
-        g[i] = 1 if decode else 0
-        held[i] = 0
-        if decode:
-            last_t[i] = token_1[i]
+    fresh(work, prompt, token_1)  # a decode replica's prompts arrive computed, their first token emitted
     rhead = -1
     rtail = -1
     running = 0
