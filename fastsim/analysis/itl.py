@@ -125,7 +125,7 @@ def _split(k, runs, cr, ca, cb, gaps, lows, highs, below, kr, ka, kb, kept):
     A stretch costs one duration, its last step's, and a bound on its first (:func:`_floor`):
     only the few near a window compute more. Counting below is a multiply, not a branch: half
     the stretches are below the median."""
-    room = ka.shape[1]  # (kr has a spare slot more, for :func:`_split_whole`)
+    room = kr.shape[1]
     lowest = smallest(lows)
     for c in range(cr.size):
         r, ja, jb = cr[c], ca[c], cb[c]
@@ -333,8 +333,8 @@ def _select(k, runs, cr, ca, cb, gaps, ranks: np.ndarray, count: int, parent: in
         below = np.zeros(todo.size, np.int64)
         kept = np.zeros(todo.size, np.int64)
         windows = todo.size + todo.size % 2 if whole else todo.size  # whole: two windows a pass
-        # the kept runs, copied, and a spare slot for _split_whole
-        kr = np.empty((windows, room + 1) + runs.shape[1:], runs.dtype)
+        # the kept runs, copied (and the spare slot _split_whole writes to)
+        kr = np.empty((windows, room + int(whole)) + runs.shape[1:], runs.dtype)
         ka, kb = (np.empty((todo.size, room), np.int64) for _ in range(2))
         if whole:
             pair = np.arange(windows) % todo.size  # an odd last window twice, into the spare row
