@@ -17,7 +17,7 @@ import numpy as np
 from .analysis.simulation import measure
 from .engine import fleet, kernels
 from .engine.traffic import generate
-from .model.schema import Config
+from .model.schema import POLICIES, Config
 
 
 @dataclass(frozen=True)
@@ -113,7 +113,7 @@ def _case(model: str, config: Config, repeats: int, n_requests: int, rows: list,
 def bench(
     n_requests: int = 1_000_000,
     rates: tuple[float, ...] = (8.0, 40.0),
-    policies: tuple[str, ...] = tuple(kernels.POLICIES),
+    policies: tuple[str, ...] = POLICIES,
     repeats: int = 5,
     serving_rates: tuple[float, ...] = SERVING_RATES,
     fleets: bool = True,

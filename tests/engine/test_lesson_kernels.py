@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from fastsim import Config
 from fastsim.engine import kernels
 from fastsim.model import cost
+from fastsim.model.schema import POLICIES
 from fastsim.engine.traffic import generate
 
 from ..oracles import lesson as oracle
@@ -24,7 +25,7 @@ def configs(draw) -> Config:
         "hardware.mem_bandwidth_tb_s": draw(st.floats(0.5, 5.0)),
         "model.weight_gb": draw(st.sampled_from([0.0, 1.0, 15.008])),
         "model.kv_bytes_per_token": draw(st.sampled_from([0.0, 4096.0, 131072.0, 1e6])),
-        "engine.policy": draw(st.sampled_from(list(kernels.POLICIES))),
+        "engine.policy": draw(st.sampled_from(list(POLICIES))),
         "engine.max_batch": draw(st.integers(1, 8)),
         "engine.max_concurrent": draw(st.none() | st.integers(1, 8)),
         "engine.window_ms": draw(st.sampled_from([0.0, 1.0, 5.0, 50.0, 500.0])),
@@ -150,7 +151,7 @@ def test_outputs_longer_than_the_calendar_ring():
     ring = kernels.RING_MAX
     output = np.array([ring + 5, 3, ring, 2 * ring + 1, ring - 1, 1], dtype=np.int64)
     traffic = Traffic(np.arange(1, 7) * 1e-3, np.full(6, 10, dtype=np.int64), output)
-    for policy in kernels.POLICIES:
+    for policy in POLICIES:
         config = Config().with_values({"engine.policy": policy, "engine.max_batch": 3,
                                        "workload.n_requests": 6, "engine.window_ms": 2.0})
         fast = kernels.run(config, traffic)

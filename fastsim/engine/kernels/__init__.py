@@ -1,26 +1,25 @@
-"""Step-loop kernels of one engine, and the registry that picks one per policy.
+"""Step-loop kernels of one engine, and the driver that runs one.
 
 The driver here validates nothing (the config was checked), folds the config into a :class:`Plan`
-of plain numbers once, allocates the outputs and calls one kernel: the lesson's (:mod:`.lesson`)
-when every serving-model addition is off, else the serving model's (:mod:`.serving`,
-:mod:`.serving_batched`). Kernels work in engine time; the client's API overhead is added once,
-by :func:`run` (or the fleet's driver), to every request's times.
+of plain numbers once, allocates the outputs and calls one kernel (:mod:`.one_engine` picks it):
+the lesson's (:mod:`.lesson`) when every serving-model addition is off, else the serving model's
+(:mod:`.serving`, :mod:`.serving_batched`). Kernels work in engine time; the client's API
+overhead is added once, by :func:`run` (or the fleet's driver), to every request's times.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
+from ..._jit import inline
 from ...model import cost
-from ...model.schema import POLICIES as POLICY_NAMES
 from ...model.schema import Config
-from . import lesson, serving, serving_batched
 from ._calendar import COMPACT_RUN, FULL_COLUMNS, RING_MAX
+from .one_engine import LAYOUT, kernel_of
 
-__all__ = ["POLICIES", "RING_MAX", "RUNS_PER_REQUEST", "Outcome", "Plan", "Scratch", "longest_output", "outcome",
+__all__ = ["RING_MAX", "RUNS_PER_REQUEST", "Outcome", "Plan", "Scratch", "kv_totals", "longest_output", "outcome",
            "run", "run_engine", "with_api"]
 
 UNLIMITED_BUDGET = 1 << 62
@@ -44,6 +43,12 @@ class Plan:
     prefix_blocks: int
     max_output: int
     api_s: float
+
+    @property
+    def numbers(self) -> tuple:
+        """What every one-engine kernel takes of the plan (:mod:`.one_engine`)."""
+        return (self.limit, self.window_s, self.k, self.budget, self.blocks, self.block_tokens, self.reserve,
+                self.prefix_blocks, self.max_output)
 
     @classmethod
     def of(cls, config: Config, max_output: int | None = None, prefix: bool = True) -> Plan:
@@ -111,39 +116,6 @@ class Outcome:
     prefill_replica: np.ndarray | None = None  # int32 (n,): the prefill replica, or -1 (disaggregated)
 
 
-def _continuous(p: Plan, arrival, prompt, output, first_token, done, runs, gaps, token_1, scratch: Scratch) -> tuple:
-    n = arrival.size
-    if p.lesson and not token_1.size:
-        steps, busy, queue, nruns = lesson.continuous(arrival, prompt, output, p.limit, p.k[1], p.k[2], first_token,
-                                                      done, runs, scratch.work(lesson.WORK_ROWS, n))
-        return steps, busy, queue, 0, 0, 0, nruns, 0
-    return serving.continuous(arrival, prompt, output, p.limit, p.k, p.budget, p.blocks, p.block_tokens, p.reserve,
-                              p.prefix_blocks, p.max_output, token_1, first_token, done, runs, gaps,
-                              scratch.work(serving.WORK_ROWS, n))
-
-
-def _batched(p: Plan, arrival, prompt, output, first_token, done, runs, gaps, token_1, scratch: Scratch) -> tuple:
-    n = arrival.size
-    if p.lesson:
-        steps, busy, queue, nruns = lesson.batched(arrival, prompt, output, p.limit, p.window_s, p.k[1], p.k[2],
-                                                   first_token, done, runs, scratch.work(lesson.WORK_ROWS, n))
-        return steps, busy, queue, 0, 0, 0, nruns, 0
-    steps, busy, queue, kv_sum, kv_peak, nruns = serving_batched.batched(
-        arrival, prompt, output, p.limit, p.window_s, p.k, p.blocks, p.block_tokens, p.prefix_blocks, p.max_output,
-        first_token, done, runs, scratch.work(serving_batched.WORK_ROWS, n),
-    )
-    return steps, busy, queue, 0, kv_sum, kv_peak, nruns, 0
-
-
-POLICIES: dict[str, Callable] = {
-    "static": _batched,  # window = inf
-    "dynamic": _batched,
-    "continuous": _continuous,
-}
-"""Policy name (:data:`fastsim.model.schema.POLICIES`) -> kernel runner."""
-assert tuple(POLICIES) == POLICY_NAMES
-
-
 def _room(buffer: np.ndarray, size: int) -> np.ndarray:
     """``buffer``, or a new one when it is too small or far too large (a huge one is let go)."""
     return buffer if size <= buffer.size <= 8 * size + (1 << 22) else np.empty(size, np.int64)
@@ -181,11 +153,18 @@ def outcome(p: Plan, first_token: np.ndarray, done: np.ndarray, counters: tuple,
     times, the counters it returned (steps, busy, max_queue, preemptions, KV block-steps, peak KV
     blocks, runs, gaps) and the room it recorded its runs and gaps in."""
     steps, busy, queue, preemptions, kv_sum, kv_peak, nruns, ngaps = counters
-    limited = p.blocks >= 0
-    return Outcome(first_token, done, int(steps), int(busy), int(queue), int(preemptions),
-                   int(kv_sum) if limited else 0, p.blocks * int(steps) if limited else 0,
-                   int(kv_peak) / p.blocks if p.blocks > 0 else float("nan"), runs[:nruns], gaps[:ngaps], p.k,
-                   replica)
+    kv_steps, kv_capacity, kv_use = kv_totals(p.blocks, int(steps), int(kv_sum), int(kv_peak))
+    return Outcome(first_token, done, int(steps), int(busy), int(queue), int(preemptions), kv_steps, kv_capacity,
+                   kv_use, runs[:nruns], gaps[:ngaps], p.k, replica)
+
+
+@inline
+def kv_totals(blocks, steps, kv_sum, kv_peak):
+    """A kernel's KV counters as an Outcome has them: (block-steps in use, block-steps the cache
+    holds, peak use as a fraction); 0, 0 and NaN without a limited cache (``blocks`` -1)."""
+    if blocks < 0:
+        return 0, 0, np.nan
+    return kv_sum, blocks * steps, kv_peak / blocks if blocks > 0 else np.nan
 
 
 def run_engine(p: Plan, arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray, scratch: Scratch | None = None,
@@ -198,13 +177,15 @@ def run_engine(p: Plan, arrival: np.ndarray, prompt: np.ndarray, output: np.ndar
     first_token = np.empty(n)
     done = np.empty(n)
     room = (RUNS_PER_REQUEST * n + 64, n // 8 + 64)
-    kernel = POLICIES[p.policy]
-    compact = p.lesson and not token_1.size
+    kernel = kernel_of(p.lesson, p.policy, token_1.size > 0)
+    rows, compact = LAYOUT[kernel]
     scratch = Scratch() if scratch is None else scratch
+    numbers = p.numbers
     while True:
         runs = scratch.take(room[0], compact)
         gaps = np.empty(room[1])
-        counters = kernel(p, arrival, prompt, output, first_token, done, runs, gaps, token_1, scratch)
+        counters = kernel(arrival, prompt, output, numbers, token_1, first_token, done, runs, gaps,
+                          scratch.work(rows, n))
         nruns, ngaps = counters[6:]
         if nruns <= len(runs) and ngaps <= len(gaps):
             break

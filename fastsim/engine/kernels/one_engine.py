@@ -1,0 +1,70 @@
+"""The four one-engine kernels behind one compiled signature, so that a driver calls any of them
+alike, from Python (:func:`fastsim.engine.kernels.run_engine`) or from a compiled loop over many
+small runs (:mod:`fastsim.analysis.batch`):
+
+    kernel(arrival, prompt, output, plan, token_1, first_token, done, runs, gaps, work)
+        -> (steps, busy slot-steps, max_queue, preemptions, sum over steps of KV blocks in use,
+            peak KV blocks in use, number of runs, number of gaps)
+
+``plan`` is :attr:`fastsim.engine.kernels.Plan.numbers`: (limit, window_s, k, budget, blocks,
+block_tokens, reserve, prefix_blocks, max_output). The lesson's kernels ignore what they do not
+model (and a decode replica's ``token_1``: they are never given one).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..._jit import jit
+from . import lesson, serving
+from . import serving_batched as batched_kernel
+
+NONE = np.int64(0)  # a counter the lesson's kernels do not keep (a typed 0: a literal one would
+# compile every compiled caller of the counters once more)
+
+
+@jit
+def lesson_continuous(arrival, prompt, output, plan, token_1, first_token, done, runs, gaps, work):
+    limit, k = plan[0], plan[2]
+    steps, busy, queue, nruns = lesson.continuous(arrival, prompt, output, limit, k[1], k[2], first_token, done,
+                                                  runs, work)
+    return steps, busy, queue, NONE, NONE, NONE, nruns, NONE
+
+
+@jit
+def lesson_batched(arrival, prompt, output, plan, token_1, first_token, done, runs, gaps, work):
+    limit, window, k = plan[0], plan[1], plan[2]
+    steps, busy, queue, nruns = lesson.batched(arrival, prompt, output, limit, window, k[1], k[2], first_token, done,
+                                               runs, work)
+    return steps, busy, queue, NONE, NONE, NONE, nruns, NONE
+
+
+@jit
+def serving_continuous(arrival, prompt, output, plan, token_1, first_token, done, runs, gaps, work):
+    return serving.continuous(arrival, prompt, output, plan[0], plan[2], plan[3], plan[4], plan[5], plan[6], plan[7],
+                              plan[8], token_1, first_token, done, runs, gaps, work)
+
+
+@jit
+def serving_batched(arrival, prompt, output, plan, token_1, first_token, done, runs, gaps, work):
+    limit, window, k, blocks, bt, pb, o_max = plan[0], plan[1], plan[2], plan[4], plan[5], plan[7], plan[8]
+    steps, busy, queue, kv_sum, kv_peak, nruns = batched_kernel.batched(
+        arrival, prompt, output, limit, window, k, blocks, bt, pb, o_max, first_token, done, runs, work)
+    return steps, busy, queue, 0, kv_sum, kv_peak, nruns, 0
+
+
+# kernel -> (rows of per-request state it keeps in ``work``, whether its runs are compact)
+LAYOUT = {
+    lesson_continuous: (lesson.WORK_ROWS, True),
+    lesson_batched: (lesson.WORK_ROWS, True),
+    serving_continuous: (serving.WORK_ROWS, False),
+    serving_batched: (batched_kernel.WORK_ROWS, False),
+}
+
+
+def kernel_of(lesson_model: bool, policy: str, decode: bool):
+    """The kernel of a plan: the lesson's when every serving-model addition is off (and the
+    requests are not a decode replica's), else the serving model's; continuous or batched."""
+    if policy == "continuous":
+        return lesson_continuous if lesson_model and not decode else serving_continuous
+    return lesson_batched if lesson_model else serving_batched
