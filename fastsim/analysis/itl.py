@@ -252,7 +252,7 @@ def _weighted_ranks(values, weights, ranks):
                 above = mid
         inside = np.empty(min(values.size, cum[b + 1] - cum[b]))  # each value weighs at least 1
         inside_w = np.empty(inside.size, np.int64)
-        m = 0
+        m = np.int64(0)  # not a literal 0, which would compile weighted_select twice
         for i in range(values.size):
             if where[i] == b:
                 inside[m] = values[i]
@@ -372,13 +372,34 @@ def _select(k, runs, cr, ca, cb, gaps, ranks: np.ndarray, count: int, parent: in
     return out
 
 
+@jit
+def listed_quantiles(k, runs, gaps, total, ps):
+    """(fits, values): :func:`quantiles` of a small run (a sweep point of a few requests) with
+    every gap listed, in one compiled call; ``fits`` is False (and the values NaN) when there
+    are more than LIST_MAX of them to list."""
+    out = np.full(len(ps), np.nan)
+    if total == 0:
+        return True, out
+    if runs.shape[0] > LIST_MAX:
+        return False, out
+    steps = 0
+    for r in range(runs.shape[0]):
+        steps += run_m(runs, r)
+    if steps + gaps.size > LIST_MAX:
+        return False, out
+    ranks = np.empty(len(ps), np.int64)
+    for t in range(len(ps)):
+        ranks[t] = min(total - 1, int(ps[t] * total))
+    none = np.empty(0, np.int64)
+    whole = ranks.size > 0  # True as a value: a literal True would compile _listed_ranks a second time
+    return True, _listed_ranks(k, runs, whole, none, none, none, gaps, ranks)
+
+
 def quantiles(k: np.ndarray, runs: np.ndarray, gaps: np.ndarray, total: int, ps: tuple[float, ...]) -> list[float]:
     """The lesson's quantiles of every inter-token gap: ``total`` of them (a request with o tokens
     has o - 1), from the step runs and irregular gaps of a kernel. NaN when there are none."""
-    if total == 0:
-        return [float("nan")] * len(ps)
+    fits, values = listed_quantiles(k, runs, gaps, total, ps)
+    if fits:
+        return values.tolist()
     ranks = np.array([min(total - 1, int(p * total)) for p in ps], dtype=np.int64)
-    if runs.shape[0] <= LIST_MAX and int(run_lengths(runs).sum()) + gaps.size <= LIST_MAX:
-        # a small run (a sweep point of a few requests): every gap listed, in one compiled call
-        return _listed_ranks(k, runs, True, NONE, NONE, NONE, gaps, ranks).tolist()
     return _select(k, runs, None, None, None, gaps, ranks, total)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .._jit import jit
+from .._jit import inline, jit, largest
 from . import itl
 
 if TYPE_CHECKING:
@@ -55,6 +55,7 @@ BINS = 4096
 SORT_BELOW = 4096
 LATENCY_PS = (0.5, 0.9, 0.99)  # TTFT's and e2e's quantiles
 TPOT_PS = (0.5, 0.99)
+ITL_PS = (0.5, 0.99)
 
 
 @jit
@@ -120,7 +121,7 @@ def _small_quantiles(ttft, e2e, tpot):
     return out
 
 
-@jit
+@inline
 def _selected_into(out, t, values, ps):
     n = values.size
     work = values.copy()
@@ -158,52 +159,127 @@ def _latencies(arrival, output, first_token, done, slo_ttft, slo_tpot, slo_e2e):
     return ttft, e2e, tpot[:m], good
 
 
+@inline
+def _block_sum(a, lo, n):
+    """NumPy's sum of ``a[lo:lo + n]`` for n <= 128: eight running sums (one below 8 values)."""
+    if n < 8:
+        total = 0.0
+        for i in range(lo, lo + n):
+            total += a[i]
+        return total
+    r0, r1, r2, r3 = a[lo], a[lo + 1], a[lo + 2], a[lo + 3]
+    r4, r5, r6, r7 = a[lo + 4], a[lo + 5], a[lo + 6], a[lo + 7]
+    for i in range(lo + 8, lo + n - n % 8, 8):
+        r0 += a[i]
+        r1 += a[i + 1]
+        r2 += a[i + 2]
+        r3 += a[i + 3]
+        r4 += a[i + 4]
+        r5 += a[i + 5]
+        r6 += a[i + 6]
+        r7 += a[i + 7]
+    total = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+    for i in range(lo + n - n % 8, lo + n):
+        total += a[i]
+    return total
+
+
+@jit
+def _sum(a):
+    """``a.sum()`` as NumPy sums it, to the bit (so a small run's means are a large run's): blocks of at most 128 values, each half of a
+    longer stretch summed alone (its left half a multiple of 8 long), then the two added. Walked
+    with a stack, not recursion (a recursive function cannot be loaded from Numba's cache)."""
+    lo = np.empty(64, np.int64)  # the stretches from the whole array down to the current one
+    size = np.empty(64, np.int64)
+    left = np.empty(64)  # a stretch's left half's sum, once known
+    in_right = np.zeros(64, np.bool_)  # whether the walk is in the stretch's right half
+    lo[0], size[0], depth = 0, a.size, 0
+    while True:
+        while size[depth] > 128:  # down the left halves
+            half = size[depth] // 2
+            half -= half % 8
+            lo[depth + 1], size[depth + 1], in_right[depth] = lo[depth], half, False
+            depth += 1
+        total = _block_sum(a, lo[depth], size[depth])
+        while depth > 0:  # up, adding each right half to its left
+            depth -= 1
+            if not in_right[depth]:  # its left half is done: now the right one
+                left[depth], in_right[depth] = total, True
+                break
+            total = left[depth] + total
+        else:
+            return total
+        half = size[depth] // 2
+        half -= half % 8
+        lo[depth + 1], size[depth + 1] = lo[depth] + half, size[depth] - half
+        depth += 1
+
+
+@jit
+def _values(n, tokens, span, ttft_mean, e2e_mean, q, itl_q, good, has_slo, counts, max_batch, gpus, usd_per_hour):
+    """Every metric, in the order of :data:`METRICS` (as floats). ``q``: TTFT's and e2e's
+    quantiles at LATENCY_PS, then TPOT's at TPOT_PS; ``itl_q``: ITL's at ITL_PS; ``counts``: the
+    outcome's (steps, busy slot-steps, max_queue, preemptions, KV block-steps, KV capacity
+    block-steps, peak KV use)."""
+    steps, busy, queue, preemptions, kv_steps, kv_capacity, kv_peak = counts
+    throughput = tokens / span
+    return (throughput, n / span, busy / (steps * max_batch), busy / steps,
+            q[0], q[1], q[2], ttft_mean, q[3], q[4], q[5], e2e_mean, q[6], q[7],
+            float(queue), float(steps), span, float(preemptions), kv_peak,
+            kv_steps / kv_capacity if kv_capacity > 0 else np.nan, itl_q[0], itl_q[1],
+            good / span if has_slo else np.nan, good / n if has_slo else np.nan,
+            float(gpus), usd_per_hour, usd_per_hour / (3600e-6 * throughput))
+
+
+@jit
+def small_run(arrival, output, first_token, done, counts, k, runs, gaps, max_batch, bounds, has_slo, gpus,
+              usd_per_hour):
+    """(fits, every metric) of a run of at most SORT_BELOW requests, in one compiled call (a sweep
+    runs many such in a row: :mod:`.batch`); ``fits`` is False, and the metrics not all set,
+    when its inter-token gaps are too many to list (:func:`.itl.listed_quantiles`)."""
+    n = arrival.size
+    ttft, e2e, tpot, good = _latencies(arrival, output, first_token, done, bounds[0], bounds[1], bounds[2])
+    fits, itl_q = itl.listed_quantiles(k, runs, gaps, counts[1] - n, ITL_PS)
+    tokens = np.int64(0)  # not the literal 0, which would compile _values a second time
+    for o in output:
+        tokens += o
+    return fits, _values(n, tokens, largest(done), _sum(ttft) / n, _sum(e2e) / n,
+                         _small_quantiles(ttft, e2e, tpot), itl_q, good, has_slo, counts, max_batch, gpus,
+                         usd_per_hour)
+
+
+def slo_bounds(slo: tuple[float | None, ...]) -> tuple[tuple[float, ...], bool]:
+    """Objectives (None where not set) as the compiled metrics take them: bounds (inf where not
+    set) and whether any is set."""
+    return tuple(np.inf if b is None else float(b) for b in slo), any(b is not None for b in slo)
+
+
+def named(values: tuple) -> dict[str, float]:
+    """A row of metric values (METRICS order) by name, the integer ones as ints."""
+    out = dict(zip(METRICS, values))
+    for name in INTEGER_METRICS:
+        out[name] = int(out[name])
+    return out
+
+
 def compute(arrival: np.ndarray, output: np.ndarray, out: Outcome, max_batch: int,
             slo: tuple[float | None, float | None, float | None] = (None, None, None), gpus: int = 1,
             usd_per_hour: float = float("nan")) -> dict[str, float]:
     """Every metric of :data:`METRICS` for one simulated scenario, an engine's or a fleet's
     (requests must all have finished); ``slo`` is (TTFT, TPOT, e2e) objectives in seconds, None
     where not set; ``gpus`` and ``usd_per_hour`` the fleet's."""
-    first_token, done, steps, busy_slot_steps = out.first_token_s, out.done_s, out.steps, out.busy_slot_steps
-    span = float(done.max())
-    bounds = [np.inf if b is None else b for b in slo]
+    bounds, has_slo = slo_bounds(slo)
+    counts = (out.steps, out.busy_slot_steps, out.max_queue, out.preemptions, out.kv_block_steps,
+              out.kv_capacity_steps, out.kv_peak_use)
+    first_token, done, n = out.first_token_s, out.done_s, arrival.size
+    if n <= SORT_BELOW:  # a small run: every metric in one compiled call
+        fits, values = small_run(arrival, output, first_token, done, counts, out.k, out.runs, out.gaps_s, max_batch,
+                                 bounds, has_slo, gpus, usd_per_hour)
+        if fits:
+            return named(values)
     ttft, e2e, tpot, good = _latencies(arrival, output, first_token, done, *bounds)
-    has_slo = any(b is not None for b in slo)
-    n = arrival.size
-    ttft_mean, e2e_mean = float(ttft.sum()) / n, float(e2e.sum()) / n  # as mean(), without its overhead
-    if n <= SORT_BELOW:  # a small run: the three in one compiled call
-        q = _small_quantiles(ttft, e2e, tpot).tolist()
-        ttft_q, e2e_q, tpot_q = q[:3], q[3:6], q[6:]
-    else:
-        ttft_q, e2e_q, tpot_q = _select(ttft, LATENCY_PS), _select(e2e, LATENCY_PS), _select(tpot, TPOT_PS)
-    itl_q = itl.quantiles(out.k, out.runs, out.gaps_s, busy_slot_steps - arrival.size, (0.5, 0.99))
-    throughput = float(output.sum()) / span
-    return {
-        "throughput_tok_s": throughput,
-        "request_rate_rps": n / span,
-        "slot_use": busy_slot_steps / (steps * max_batch),
-        "mean_batch": busy_slot_steps / steps,
-        "ttft_p50_s": ttft_q[0],
-        "ttft_p90_s": ttft_q[1],
-        "ttft_p99_s": ttft_q[2],
-        "ttft_mean_s": ttft_mean,
-        "e2e_p50_s": e2e_q[0],
-        "e2e_p90_s": e2e_q[1],
-        "e2e_p99_s": e2e_q[2],
-        "e2e_mean_s": e2e_mean,
-        "tpot_p50_s": tpot_q[0],
-        "tpot_p99_s": tpot_q[1],
-        "max_queue": out.max_queue,
-        "steps": steps,
-        "span_s": span,
-        "preemptions": out.preemptions,
-        "kv_peak_use": out.kv_peak_use,
-        "kv_mean_use": out.kv_block_steps / out.kv_capacity_steps if out.kv_capacity_steps > 0 else float("nan"),
-        "itl_p50_s": itl_q[0],
-        "itl_p99_s": itl_q[1],
-        "goodput_rps": good / span if has_slo else float("nan"),
-        "slo_attainment": good / n if has_slo else float("nan"),
-        "gpus": gpus,
-        "usd_per_hour": usd_per_hour,
-        "usd_per_mtok": usd_per_hour / (3600e-6 * throughput),
-    }
+    q = np.array(_select(ttft, LATENCY_PS) + _select(e2e, LATENCY_PS) + _select(tpot, TPOT_PS))
+    itl_q = np.array(itl.quantiles(out.k, out.runs, out.gaps_s, out.busy_slot_steps - n, ITL_PS))
+    means = float(ttft.sum()) / n, float(e2e.sum()) / n  # NumPy's sums, as _sum's
+    return named(_values(n, int(output.sum()), float(done.max()), *means, q, itl_q, good, has_slo, counts, max_batch,
+                         gpus, usd_per_hour))

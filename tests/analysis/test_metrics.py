@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fastsim import Config, simulate
-from fastsim.analysis.metrics import METRICS, quantiles
+from fastsim.analysis.metrics import METRICS, _sum, quantiles
 
 from ..oracles import lesson as oracle
 
@@ -16,6 +16,14 @@ from ..oracles import lesson as oracle
 def test_quantiles_follow_the_lesson_rule(xs):
     ps = (0.5, 0.9, 0.99)
     assert quantiles(np.array(xs), ps) == [oracle.quantile(xs, p) for p in ps]
+
+
+@given(st.integers(0, 5000), st.integers(0, 2**32))
+def test_compiled_sums_are_numpys_to_the_bit(n, seed):
+    """A small run's means (compiled) and a large run's (NumPy) add the same way."""
+    values = np.random.default_rng(seed).lognormal(0.0, 3.0, n)
+    assert _sum(values) == values.sum()
+    assert _sum(values[: n // 3]) == values[: n // 3].sum()
 
 
 def test_quantiles_of_nothing_are_nan():
