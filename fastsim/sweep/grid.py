@@ -47,12 +47,21 @@ class Grid:
     @property
     def max_requests(self) -> int:
         """The most requests any point simulates."""
+        return max(self._requests())
+
+    @property
+    def min_requests(self) -> int:
+        """The fewest requests any point simulates."""
+        return min(self._requests())
+
+    def _requests(self) -> list[int]:
+        """The numbers of requests points simulate (one per value of an ``n_requests`` axis)."""
         from .memory import requests
 
         key = "workload.n_requests"
         if key not in self.keys:
-            return requests(self.base)
-        return max(requests(self.base.at({key: n})) for n in self.axes[self.keys.index(key)])
+            return [requests(self.base)]
+        return [requests(self.base.at({key: n})) for n in self.axes[self.keys.index(key)]]
 
     def indices(self, index: int) -> tuple[int, ...]:
         """Per-axis value indices of the point at flat ``index``."""

@@ -23,25 +23,26 @@ from typing import Callable, Iterator, Protocol
 
 import numpy as np
 
+from ..analysis.batch import MAX_REQUESTS, metric_rows
 from ..analysis.metrics import METRICS
 from ..analysis.simulation import simulate
 from ..engine.checks import check
 from ..engine.kernels import Plan
 from ..engine.router import STATIC
-from ..engine.traffic import generate
 from ..model.schema import Config, ConfigError
 from .checkpoint import Checkpoint
 from .grid import Grid
 
 SECONDS_PER_BLOCK = 0.25
 SECONDS_PER_REQUEST = 1.6e-7  # traffic + kernel + metrics per request: ~6.2 M/s per worker, measured
-SECONDS_PER_POINT = 2e-4  # and the Python around them, per point (measured on 100-request points)
-# Below this many requests per point, a point is mostly Python holding the GIL (config, traffic
-# set-up, metrics: ~150 us): worker threads then contend for it and run slower than one thread.
-# Measured: 3000 points of 1000 requests, 1.1 s on one thread, 1.5 s on two; of 3000, 2.7 s, 1.9 s.
+SECONDS_PER_POINT = 4e-5  # and the Python around them, per point (measured on 10-request points)
+# Below this many requests per point, the Python of a point (its config and traffic: ~40 us)
+# holds the GIL for much of it: worker threads then contend for it. Measured on 2 cores, 3000
+# points of 1000 requests: one thread 1.32 s, two threads 0.85 s, two forked processes 0.72 s.
 MIN_REQUESTS_FOR_THREADS = 2000
-# Such points go to worker processes instead (forked, Linux) when there is enough work for it.
-MIN_SECONDS_FOR_PROCESSES = 6.0
+# Such points go to worker processes instead (forked, Linux) when there is enough work for it:
+# forking costs milliseconds (2000 points of 100 requests: 0.16 s on one thread, 0.12 s forked).
+MIN_SECONDS_FOR_PROCESSES = 1.0
 
 
 class Task(Protocol):
@@ -67,15 +68,10 @@ class Simulate:
     seconds_per_request = SECONDS_PER_REQUEST
 
     def __call__(self, configs: list[Config], stop: threading.Event | None = None) -> np.ndarray:
-        """Consecutive points with the same workload reuse one draw of traffic (blocks are
-        grouped by workload, so one draw is all that needs keeping)."""
-        rows = np.empty((len(configs), len(METRICS)))
-        workload, traffic = None, None
-        for r, config in enumerate(configs):
-            if config.workload != workload:
-                workload, traffic = config.workload, generate(config.workload)
-            rows[r] = list(simulate(config, traffic, checked=True).metrics.values())
-        return rows
+        """Small points that share an engine run in one compiled call (:mod:`fastsim.analysis.batch`);
+        consecutive points with the same workload reuse one draw of traffic (blocks are grouped by
+        workload)."""
+        return metric_rows(configs)
 
 
 def run_block(grid: Grid, block: np.ndarray, task: Task, stop: threading.Event | None = None
@@ -126,9 +122,10 @@ def _kernel_kind(config: Config) -> tuple:
     return plan.lesson, plan.policy == "continuous", fleet_kind
 
 
-def warm_up(grid: Grid) -> None:
+def warm_up(grid: Grid, batched: bool = False) -> None:
     """Load (or compile, once) the kernels the grid's points run, before workers call them: each
-    kind of kernel among the values of the axes that choose one, on a few requests."""
+    kind of kernel among the values of the axes that choose one, on a few requests; ``batched``:
+    as small points run, many to a compiled call (:mod:`fastsim.analysis.batch`)."""
     first = [0] * len(grid.keys)
     points = [tuple(first)]
     for a, key in enumerate(grid.keys):
@@ -144,7 +141,10 @@ def warm_up(grid: Grid) -> None:
         kinds.setdefault(_kernel_kind(config), config)
     for config in kinds.values():
         tiny = config.at({"workload.n_requests": 8, "workload.trace": None, "workload.rate": config.workload.rate or 1.0})
-        simulate(tiny, checked=True)
+        if batched:
+            metric_rows([tiny])
+        else:
+            simulate(tiny, checked=True)
 
 
 def _threads(grid: Grid, blocks: list[np.ndarray], task: Task, workers: int) -> Results:
@@ -212,7 +212,8 @@ def _processes(grid: Grid, blocks: list[np.ndarray], task: Task, workers: int) -
     return results()
 
 
-def _dask(grid: Grid, blocks: list[np.ndarray], task: Task, scheduler: str, workers: int) -> Results:
+def _dask(grid: Grid, blocks: list[np.ndarray], task: Task, scheduler: str, workers: int, batched: bool
+          ) -> Results:
     from distributed import Client, LocalCluster, as_completed
 
     cluster = None
@@ -225,7 +226,7 @@ def _dask(grid: Grid, blocks: list[np.ndarray], task: Task, scheduler: str, work
         except (OSError, TimeoutError) as exc:
             raise ConfigError(f"--scheduler {scheduler}: cannot reach a Dask scheduler ({exc})") from None
     try:
-        client.run(warm_up, grid)
+        client.run(warm_up, grid, batched)
         shared = client.scatter(grid, broadcast=True)  # sent once, not with every block
         futures = [client.submit(run_block, shared, block, task, pure=False) for block in blocks]
         try:
@@ -270,21 +271,22 @@ def run_grid(
     todo = np.flatnonzero(~finished)
     blocks = make_blocks(grid, todo, workers, task.seconds_per_request)
     n_done = grid.size - todo.size
+    batched = isinstance(task, Simulate) and grid.min_requests <= MAX_REQUESTS  # which code the points run
     if not blocks:
         results: Iterator = iter(())
     elif scheduler is not None:
-        warm_up(grid)  # fill Numba's cache here, so local Dask workers only load it
-        results = _dask(grid, blocks, task, scheduler, workers)
+        warm_up(grid, batched)  # fill Numba's cache here, so local Dask workers only load it
+        results = _dask(grid, blocks, task, scheduler, workers, batched)
     elif workers == 1 or len(blocks) == 1:
         results = _in_process(grid, blocks, task)
     elif grid.max_requests * task.seconds_per_request < MIN_REQUESTS_FOR_THREADS * SECONDS_PER_REQUEST:
         if todo.size * point_seconds(grid, task.seconds_per_request) < MIN_SECONDS_FOR_PROCESSES or not _can_fork():
             results = _in_process(grid, blocks, task)
         else:
-            warm_up(grid)  # compile or load once, before the workers are forked
+            warm_up(grid, batched)  # compile or load once, before the workers are forked
             results = _processes(grid, blocks, task, workers)
     else:
-        warm_up(grid)  # compile or load once, before threads call the kernels
+        warm_up(grid, batched)  # compile or load once, before threads call the kernels
         results = _threads(grid, blocks, task, workers)
     if on_progress:  # the bar starts (and its thread) once any worker process was forked
         on_progress(n_done, grid.size)
