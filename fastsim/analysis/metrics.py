@@ -59,42 +59,46 @@ ITL_PS = (0.5, 0.99)
 
 
 @jit
-def _bin_counts(values, lo, scale, bins):
-    """How many ``values`` fall in each of ``bins`` equal bins from ``lo`` (``scale`` bins a unit)."""
-    hist = np.zeros(bins, np.int64)
-    for v in values:
-        hist[min(int((v - lo) * scale), bins - 1)] += 1
-    return hist
-
-
-@jit
-def _gather(values, lo, scale, bins, target, count):
-    """The ``count`` values in bin ``target`` (binned as :func:`_bin_counts` does)."""
-    out = np.empty(count)
-    t = 0
-    for v in values:
-        if min(int((v - lo) * scale), bins - 1) == target:
-            out[t] = v
-            t += 1
-    return out
-
-
-def _order_statistics(values: np.ndarray, ranks: list[int]) -> list[float]:
-    """The values of 0-based ``ranks`` in ``values`` (left as they are). One pass histograms
-    the values over equal bins between their extremes; the few bins that hold a wanted rank are
-    gathered and partitioned (a selection, not a sort): a few milliseconds for 1e6 latencies."""
-    lo, hi = float(values.min()), float(values.max())
-    if not hi > lo:  # all equal (or NaN)
-        return [lo if hi == lo else float("nan")] * len(ranks)
+def _order_statistics(values, ranks, lo, hi):
+    """The values of 0-based ``ranks`` in ``values`` (left as they are; ``lo`` < ``hi`` their
+    extremes), in two passes: a histogram over BINS equal bins between the extremes, then a copy
+    of the values in the few bins that hold a wanted rank, among which each rank is selected
+    (not sorted)."""
+    out = np.empty(ranks.size)
     scale = BINS / (hi - lo)
-    cum = np.cumsum(_bin_counts(values, lo, scale, BINS))
-    out, gathered = [], {}
-    for rank in ranks:
-        b = int(np.searchsorted(cum, rank, side="right"))
-        below = int(cum[b - 1]) if b else 0
-        if b not in gathered:
-            gathered[b] = _gather(values, lo, scale, BINS, b, int(cum[b]) - below)
-        out.append(float(np.partition(gathered[b], rank - below)[rank - below]))
+    below = np.zeros(BINS + 1, np.int64)  # values in the bins before bin b
+    for v in values:
+        below[min(int((v - lo) * scale), BINS - 1) + 1] += 1
+    for b in range(BINS):
+        below[b + 1] += below[b]
+    slot = np.full(BINS, -1, np.int64)  # a wanted bin's place in the copy
+    where = np.empty(ranks.size, np.int64)  # each rank's bin
+    size = 0
+    for t in range(ranks.size):
+        b, above = 0, BINS  # the last bin with below[b] <= rank
+        while above - b > 1:
+            mid = (b + above) // 2
+            if below[mid] <= ranks[t]:
+                b = mid
+            else:
+                above = mid
+        where[t] = b
+        if slot[b] < 0:
+            slot[b] = size
+            size += below[b + 1] - below[b]
+    copy = np.empty(size)
+    fill = slot.copy()
+    for v in values:
+        b = min(int((v - lo) * scale), BINS - 1)
+        if fill[b] >= 0:
+            copy[fill[b]] = v
+            fill[b] += 1
+    ones = np.ones(size, np.int64)
+    for t in range(ranks.size):
+        b = where[t]
+        a = slot[b]
+        m = below[b + 1] - below[b]
+        out[t] = itl.weighted_select(copy[a:a + m], ones[a:a + m], m, ranks[t] - below[b])
     return out
 
 
@@ -107,7 +111,10 @@ def _select(values: np.ndarray, ps: tuple[float, ...]) -> list[float]:
     if n <= SORT_BELOW:  # a small run: sorting is cheaper than a histogram of BINS bins
         ordered = np.sort(values)
         return [float(ordered[i]) for i in idx]
-    return _order_statistics(values, idx)
+    lo, hi = float(values.min()), float(values.max())
+    if not hi > lo:  # all equal (or NaN)
+        return [lo if hi == lo else float("nan")] * len(ps)
+    return _order_statistics(values, np.array(idx, np.int64), lo, hi).tolist()
 
 
 @jit

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .._jit import jit
 from ..model.schema import Workload
 from .streams import stream
 
@@ -69,11 +70,37 @@ def _fixed(lengths, n: int) -> np.ndarray:
 
 def _from_normal(lengths, normal: np.ndarray) -> np.ndarray:
     """int(exp(normal)) clamped to min..max; ``normal`` already has the distribution's mu and
-    sigma. Clipped in float first, so huge draws cannot overflow int64."""
-    lengths_f = np.exp(normal)
-    np.maximum(lengths_f, lengths.min, out=lengths_f)  # np.clip, without its per-call overhead
-    np.minimum(lengths_f, lengths.max, out=lengths_f)
-    return lengths_f.astype(np.int64)
+    sigma. Clamped in float first, so huge draws cannot overflow int64."""
+    return _clamped_ints(np.exp(normal), lengths.min, lengths.max)
+
+
+@jit
+def _clamped_ints(values, lo, hi):
+    """``np.minimum(np.maximum(values, lo), hi).astype(np.int64)`` in one pass."""
+    out = np.empty(values.size, np.int64)
+    for i in range(values.size):
+        out[i] = int(min(max(values[i], lo), hi))
+    return out
+
+
+@jit
+def _scaled(z, scale, shift):
+    """``z * scale + shift``, each operation rounded as NumPy's two would be."""
+    out = np.empty(z.size)
+    for i in range(z.size):
+        out[i] = z[i] * scale + shift
+    return out
+
+
+@jit
+def _arrival_times(gaps, per):
+    """``(gaps / per).cumsum()`` in one pass (the same divisions and additions, in order)."""
+    out = np.empty(gaps.size)
+    t = 0.0
+    for i in range(gaps.size):
+        t += gaps[i] / per
+        out[i] = t
+    return out
 
 
 def _numpy_lengths(lengths, n: int, seed: int, child: int) -> np.ndarray:
@@ -82,10 +109,7 @@ def _numpy_lengths(lengths, n: int, seed: int, child: int) -> np.ndarray:
     rng = stream(seed, child)
     if lengths.dist == "uniform":
         return rng.integers(lengths.min, lengths.max, n, endpoint=True, dtype=np.int64)
-    normal = rng.standard_normal(n)
-    normal *= lengths.sigma
-    normal += lengths.mu
-    return _from_normal(lengths, normal)
+    return _from_normal(lengths, _scaled(rng.standard_normal(n), lengths.sigma, lengths.mu))
 
 
 def _numpy_arrivals(w: Workload, child: int) -> np.ndarray:
@@ -93,12 +117,8 @@ def _numpy_arrivals(w: Workload, child: int) -> np.ndarray:
         return np.arange(1, w.n_requests + 1) / w.rate
     rng = stream(w.seed, child)
     if w.arrival == "gamma":  # mean 1/rate, coefficient of variation 1/sqrt(burstiness)
-        gaps = rng.standard_gamma(w.burstiness, w.n_requests)
-        gaps /= w.burstiness * w.rate
-    else:
-        gaps = rng.standard_exponential(w.n_requests)
-        gaps /= w.rate
-    return gaps.cumsum()
+        return _arrival_times(rng.standard_gamma(w.burstiness, w.n_requests), w.burstiness * w.rate)
+    return _arrival_times(rng.standard_exponential(w.n_requests), w.rate)
 
 
 def _stdlib_draws(w: Workload) -> tuple[np.ndarray, np.ndarray]:
