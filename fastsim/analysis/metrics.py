@@ -2,7 +2,8 @@
 
 All times are seconds from t=0. The p-quantile of n values is the sorted value at index
 ``floor(p * n)`` clipped to ``n - 1`` (the lesson's rule); only those order statistics are selected
-(a histogram pass, then a partition of the few values near each), never a full sort.
+(a histogram pass, then a selection among the few values in each wanted bin), never a full sort.
+A run of up to SORT_BELOW requests gets every metric from one compiled call (:func:`small_run`).
 """
 
 from __future__ import annotations
@@ -193,9 +194,10 @@ def _block_sum(a, lo, n):
 
 @jit
 def _sum(a):
-    """``a.sum()`` as NumPy sums it, to the bit (so a small run's means are a large run's): blocks of at most 128 values, each half of a
-    longer stretch summed alone (its left half a multiple of 8 long), then the two added. Walked
-    with a stack, not recursion (a recursive function cannot be loaded from Numba's cache)."""
+    """``a.sum()`` as NumPy sums it, to the bit, so a small run's means (compiled) are what a
+    large run's (NumPy) would be: blocks of at most 128 values, each half of a longer stretch
+    summed alone (its left half a multiple of 8 long), then the two added. Walked with a stack,
+    not recursion (a recursive function cannot be loaded from Numba's cache)."""
     lo = np.empty(64, np.int64)  # the stretches from the whole array down to the current one
     size = np.empty(64, np.int64)
     left = np.empty(64)  # a stretch's left half's sum, once known
