@@ -222,6 +222,20 @@ def _listed_ranks(k, runs, whole, cr, ca, cb, gaps, ranks):
     return _weighted_ranks(values, weights, ranks)
 
 
+@inline
+def bin_of_rank(cum, rank):
+    """The bin that holds 0-based ``rank``, given ``cum[b]``, the weight in the bins before bin b
+    (``cum[0]`` = 0; one entry more than bins): the last b with cum[b] <= rank."""
+    b, above = 0, cum.size
+    while above - b > 1:
+        mid = (b + above) // 2
+        if cum[mid] <= rank:
+            b = mid
+        else:
+            above = mid
+    return b
+
+
 @jit
 def _weighted_ranks(values, weights, ranks):
     """The values of 0-based ``ranks`` when each ``values[i]`` counts ``weights[i]`` times. A
@@ -243,13 +257,7 @@ def _weighted_ranks(values, weights, ranks):
     for b in range(bins):
         cum[b + 1] += cum[b]
     for t in range(ranks.size):
-        b, above = 0, bins + 1  # the last bin whose weight below is <= the rank (cum[0] = 0)
-        while above - b > 1:
-            mid = (b + above) // 2
-            if cum[mid] <= ranks[t]:
-                b = mid
-            else:
-                above = mid
+        b = bin_of_rank(cum, ranks[t])
         inside = np.empty(min(values.size, cum[b + 1] - cum[b]))  # each value weighs at least 1
         inside_w = np.empty(inside.size, np.int64)
         m = np.int64(0)  # not a literal 0, which would compile weighted_select twice

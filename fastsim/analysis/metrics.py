@@ -76,13 +76,7 @@ def _order_statistics(values, ranks, lo, hi):
     where = np.empty(ranks.size, np.int64)  # each rank's bin
     size = 0
     for t in range(ranks.size):
-        b, above = 0, BINS  # the last bin with below[b] <= rank
-        while above - b > 1:
-            mid = (b + above) // 2
-            if below[mid] <= ranks[t]:
-                b = mid
-            else:
-                above = mid
+        b = itl.bin_of_rank(below, ranks[t])
         where[t] = b
         if slot[b] < 0:
             slot[b] = size

@@ -3,7 +3,7 @@
 import math
 
 import numpy as np
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fastsim import Config, simulate
@@ -24,6 +24,18 @@ def test_compiled_sums_are_numpys_to_the_bit(n, seed):
     values = np.random.default_rng(seed).lognormal(0.0, 3.0, n)
     assert _sum(values) == values.sum()
     assert _sum(values[: n // 3]) == values[: n // 3].sum()
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(4097, 30_000), st.integers(0, 2**32), st.sampled_from(["lognormal", "ties", "equal"]))
+def test_quantiles_of_large_arrays_are_selected_exactly(n, seed, shape):
+    """Past SORT_BELOW values, a histogram then a selection: still the sorted value at floor(p n)."""
+    rng = np.random.default_rng(seed)
+    values = {"lognormal": rng.lognormal(0.0, 2.0, n), "ties": rng.integers(0, 5, n).astype(float),
+              "equal": np.full(n, 0.25)}[shape]
+    ps = (0.0, 0.5, 0.9, 0.99, 0.999999)
+    ordered = np.sort(values)
+    assert quantiles(values, ps) == [float(ordered[min(n - 1, int(p * n))]) for p in ps]
 
 
 def test_quantiles_of_nothing_are_nan():
