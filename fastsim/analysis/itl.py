@@ -28,6 +28,7 @@ from ..model.cost import step_time
 
 SAMPLES = 1 << 14  # runs (and gaps) sampled to bracket each rank
 LIST_MAX = 1 << 15  # steps listed and selected outright
+ROOM_MARGIN = 1.25  # room for kept runs: this many times what the sample puts in a window
 GOLDEN = 0.6180339887498949  # spreads the sampled steps over their stretches (see _sample)
 NONE = np.empty(0, np.int64)  # no stretches: every run whole
 
@@ -341,6 +342,10 @@ def _select(k, runs, cr, ca, cb, gaps, ranks: np.ndarray, count: int, parent: in
         below = np.zeros(todo.size, np.int64)
         kept = np.zeros(todo.size, np.int64)
         windows = todo.size + todo.size % 2 if whole else todo.size  # whole: two windows a pass
+        if whole:  # room for as many runs as the sample puts in a window (else a second pass)
+            sampled = values[:min(runs.shape[0], SAMPLES)]  # the sample's runs; its gaps follow
+            share = max(np.count_nonzero((sampled >= lo) & (sampled <= hi)) for lo, hi in zip(lows, highs))
+            room = max(room, int(ROOM_MARGIN * share / sampled.size * runs.shape[0]))
         # the kept runs, copied (and the spare slot _split_whole writes to)
         kr = np.empty((windows, room + int(whole)) + runs.shape[1:], runs.dtype)
         ka, kb = (np.empty((todo.size, room), np.int64) for _ in range(2))

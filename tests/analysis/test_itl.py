@@ -60,10 +60,13 @@ def test_random_runs_match_sorting(data):
         assert got == brute(k, runs, gaps, ps)
 
 
+@pytest.mark.parametrize("room", [itl.ROOM_MARGIN, 0.0], ids=["room from the sample", "room too small"])
 @pytest.mark.parametrize("compact", [False, True], ids=["full", "compact"])
 @pytest.mark.parametrize("shape", ["identical", "two values", "one long run", "many long runs"])
-def test_large_and_degenerate_distributions(shape, compact):
-    """More steps than are ever listed outright, including all-equal and two-valued ones."""
+def test_large_and_degenerate_distributions(shape, compact, room, monkeypatch):
+    """More steps than are ever listed outright, including all-equal and two-valued ones; with
+    less room for the kept runs than they need, the pass runs again with enough."""
+    monkeypatch.setattr(itl, "ROOM_MARGIN", room)
     if shape == "identical":  # constant arrivals, fixed lengths: every step alike
         rows = [(1000, 1000, 3, 2, 1)] * 50_000
     elif shape == "two values":
