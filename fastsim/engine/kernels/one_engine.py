@@ -50,7 +50,7 @@ def serving_batched(arrival, prompt, output, plan, token_1, first_token, done, r
     limit, window, k, blocks, bt, pb, o_max = plan[0], plan[1], plan[2], plan[4], plan[5], plan[7], plan[8]
     steps, busy, queue, kv_sum, kv_peak, nruns = batched_kernel.batched(
         arrival, prompt, output, limit, window, k, blocks, bt, pb, o_max, first_token, done, runs, work)
-    return steps, busy, queue, 0, kv_sum, kv_peak, nruns, 0
+    return steps, busy, queue, NONE, kv_sum, kv_peak, nruns, NONE
 
 
 # kernel -> (rows of per-request state it keeps in ``work``, whether its runs are compact)
