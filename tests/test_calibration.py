@@ -58,8 +58,8 @@ def test_mean_latencies_stay_within_the_stated_errors(predicted):
 
 
 def test_the_shipped_calibration_is_the_fit_of_the_open_data(root):
-    """configs/h100.yaml carries what `fastsim calibrate` fits to the measured runs, from the
-    values the calibration config starts at (README "Calibration")."""
+    """configs/h100.yaml carries what `fastsim calibrate` fits to the measured runs: refitting
+    from it (the calibration config extends it) returns it (README "Calibration")."""
     folder = root / "configs/calibration"
     fit = fastsim.calibrate(fastsim.load_config(folder / "vllm-h100.yaml"), [folder / "vllm-h100.csv"])
     shipped = fastsim.load_config(root / "configs/h100.yaml").calibration.model_dump()

@@ -11,7 +11,8 @@ does not pull every other run off.
 The search starts from the config's own calibration and refines it. The simulated metrics are
 not smooth in the values (an event that moves past another one step changes a mean in a small
 jump), which stalls gradient methods on finite differences, so it searches without derivatives
-(scipy's bounded Powell method). Deterministic: the same files and config give the same fit.
+(scipy's bounded Powell method). Deterministic: the same files and config give the same fit, and
+so does a simulator whose times differ by rounding (see DIGITS).
 """
 
 from __future__ import annotations
@@ -38,6 +39,10 @@ BOUNDS: dict[str, tuple[float, float, float]] = {
 assert set(BOUNDS) == set(Calibration.model_fields)
 MISS = 5.0  # the residual of a metric the simulation cannot give (NaN), a factor of e**5 off
 ROUNDS = 4  # rounds of search at most, each from where the last stopped
+# Residuals are rounded to this many significant digits: the search compares costs that differ
+# in their last digits (the objective is flat and piecewise), so without it a rounding-level
+# change anywhere in the simulation (1e-13 of a time) sent it to another local minimum.
+DIGITS = 6
 ROBUST = 0.1  # soft L1: log errors up to about this size (10 %) count squared, larger ones linearly
 
 
@@ -96,7 +101,7 @@ class _Runs:
             for name, measured in run.metrics.items():
                 value = got[name]
                 res.append(math.log(value / measured) if value > 0 and math.isfinite(value) else MISS)
-        return np.array(res)
+        return np.array([float(f"{r:.{DIGITS}g}") for r in res])
 
 
 def fit(runs: list[Measured], keys: list[str]) -> Fit:
