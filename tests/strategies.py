@@ -14,6 +14,17 @@ from .oracles import fleet as oracle_fleet
 from .oracles import serving as oracle_serving
 
 
+# The serving kernels sum long runs of bare steps in closed form, rounding once per run where the
+# oracles round once per step: times agree to this relative tolerance, every count exactly
+# (README "Bare steps in closed form").
+REL = 1e-9
+
+
+def close(got, want) -> bool:
+    """Times (or latencies) that agree to :data:`REL`, NaN where the other is NaN."""
+    return bool(np.allclose(np.asarray(got, float), np.asarray(want, float), rtol=REL, atol=0, equal_nan=True))
+
+
 def dirty_scratch() -> Scratch:
     """A kernel scratch whose state room is full of garbage (a kernel must initialise what it
     reads: a caller's scratch holds the last run's state)."""

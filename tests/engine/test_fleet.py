@@ -12,7 +12,7 @@ from fastsim.analysis.simulation import measure
 from fastsim.engine import checks, fleet
 from fastsim.engine.traffic import generate, routes
 
-from ..strategies import dirty_scratch, fleet_configs, fleet_oracle
+from ..strategies import close, dirty_scratch, fleet_configs, fleet_oracle
 
 
 def lesson_quantile(values, p):
@@ -47,14 +47,14 @@ def run_both(config):
 
 @settings(max_examples=300)
 @given(fleet_configs())
-def test_fleets_match_the_fleet_oracle_exactly(config):
+def test_fleets_match_the_fleet_oracle(config):
     assume(runnable(config))
     traffic, fast, slow = run_both(config)
     f = config.fleet
     event(f"{f.router}, {'disaggregated' if f.prefill_replicas else 'colocated'}, "
           f"{'preempts' if fast.preemptions else 'no preemption'}")
-    assert fast.first_token_s.tolist() == slow["first_token"]
-    assert fast.done_s.tolist() == slow["done"]
+    assert close(fast.first_token_s, slow["first_token"])
+    assert close(fast.done_s, slow["done"])
     assert (fast.steps, fast.busy_slot_steps, fast.max_queue, fast.preemptions) == (
         slow["steps"], slow["busy"], slow["max_queue"], slow["preemptions"])
     single = config.fleet.replicas == 1 and not config.fleet.prefill_replicas
@@ -66,7 +66,7 @@ def test_fleets_match_the_fleet_oracle_exactly(config):
     assert fast.kv_block_steps == sum(sum(u) for u in used)
     m = measure(config, traffic, fast)
     for p, name in ((0.5, "itl_p50_s"), (0.99, "itl_p99_s")):
-        assert same(m[name], lesson_quantile(slow["gaps"], p)), name
+        assert close(m[name], lesson_quantile(slow["gaps"], p)), name
 
 
 def coupled_round_robin(config, traffic):
@@ -93,7 +93,7 @@ def test_the_pool_kernel_on_a_static_router_is_its_replicas_apart(config):
     traffic = generate(config.workload)
     apart = fleet.run(config, traffic)
     first, done, replica, (steps, busy, queue, preemptions, *_) = coupled_round_robin(config, traffic)
-    assert first.tolist() == apart.first_token_s.tolist() and done.tolist() == apart.done_s.tolist()
+    assert close(first, apart.first_token_s) and close(done, apart.done_s)  # the pool steps every bare step
     assert (steps, busy, queue, preemptions) == (apart.steps, apart.busy_slot_steps, apart.max_queue, apart.preemptions)
     if config.fleet.replicas > 1:
         assert replica.tolist() == apart.replica.tolist()
@@ -121,7 +121,7 @@ def test_the_pool_kernel_with_one_replica_is_the_single_engine():
     traffic = generate(config.workload)
     first, done, _, (steps, busy, queue, preemptions, *_) = coupled_round_robin(config, traffic)
     one = fleet.run(config, traffic)
-    assert first.tolist() == one.first_token_s.tolist() and done.tolist() == one.done_s.tolist()
+    assert close(first, one.first_token_s) and close(done, one.done_s)
     assert (steps, busy, queue) == (one.steps, one.busy_slot_steps, one.max_queue)
 
 

@@ -14,7 +14,7 @@ from fastsim.model.schema import POLICIES
 from fastsim.engine.traffic import generate
 
 from ..oracles import lesson as oracle
-from ..strategies import dirty_scratch
+from ..strategies import close, dirty_scratch
 
 
 @st.composite
@@ -162,4 +162,4 @@ def test_outputs_longer_than_the_calendar_ring():
         assert fast.done_s.tolist() == done and fast.first_token_s.tolist() == first
         assert (fast.steps, fast.busy_slot_steps) == (steps, busy)
         serving = kernels.run(config, traffic, dataclasses.replace(kernels.Plan.of(config), lesson=False))
-        assert serving.done_s.tolist() == done and serving.first_token_s.tolist() == first
+        assert close(serving.done_s, done) and close(serving.first_token_s, first)

@@ -46,7 +46,7 @@ def cal_file(bucket, base, ring, cnext, cprev, due, cursor, steps, i, steps_left
     """File request ``i`` (due ``steps_left`` steps after step ``steps``, whose bucket is
     ``cursor``) in the calendar of ``ring`` buckets from ``bucket[base]`` (a pool keeps every
     replica's calendar in one array); ``cprev`` of a bucket's first member is -2 - its index in
-    ``bucket``."""
+    ``bucket``. Returns that index."""
     due[i] = steps + steps_left
     if steps_left >= ring:
         steps_left %= ring
@@ -57,6 +57,7 @@ def cal_file(bucket, base, ring, cnext, cprev, due, cursor, steps, i, steps_left
     cprev[i] = -2 - b
     cprev[first if first >= 0 else cprev.size - 1] = i
     bucket[b] = i
+    return b
 
 
 @inline

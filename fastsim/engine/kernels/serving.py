@@ -18,7 +18,9 @@ It keeps the work per step independent of the batch size:
 - Preemption victims are the tail of the admission-ordered running list. When the free blocks
   cannot cover this step's needs, the step walks the running list oldest first and preempts
   from the tail exactly as the rules say; otherwise no one is preempted and the sums suffice.
-- While nobody can be admitted, finish or run out of blocks, a fast path runs bare steps.
+- While nobody can be admitted, finish or run out of blocks, a fast path runs bare steps: the
+  first ``STEPPED`` one by one, the rest of a longer run at once, in closed form (:mod:`._bare`;
+  every count exact, times rounded once per run instead of once per step).
 """
 
 from __future__ import annotations
@@ -27,11 +29,14 @@ import numpy as np
 
 from ..._jit import jit, largest
 from ...model.cost import step_time
+from ._bare import blocks_last, blocks_taken, mark, next_filled, occupancy, timed
 from ._calendar import RING_MAX, record
 from ._running import cal_file, cal_remove, cdiv, fresh, unlink
 
 
 WORK_ROWS = 12  # the kernel's per-request state: rows of ``work``
+STEPPED = 16  # bare steps taken one by one before the rest of a run goes in closed form
+SHORTEST = 12  # ... if that many are left at least
 
 
 @jit
@@ -91,6 +96,7 @@ def continuous(arrival, prompt, output, limit, k, budget, blocks, bt, reserve, p
     running = 0
     ring = min(largest(output) + 1, RING_MAX)
     bucket = np.full(ring + 1, -1, np.int64)  # and a spare slot (:mod:`._running`)
+    occ = occupancy(ring)  # which buckets may have a member (:mod:`._bare`)
     cursor = 0  # == steps % ring
     bcount = np.zeros(bt, np.int64)  # decoders by block phase
     n_dec = 0  # D
@@ -260,7 +266,7 @@ def continuous(arrival, prompt, output, limit, k, budget, blocks, bt, reserve, p
                 sum_c += c[i]
                 phase[i] = (steps - c[i]) % bt
                 bcount[phase[i]] += 1
-                cal_file(bucket, 0, ring, cnext, cprev, due, cursor, steps, i, output[i] - g[i])
+                mark(occ, cal_file(bucket, 0, ring, cnext, cprev, due, cursor, steps, i, output[i] - g[i]))
         # decoders due now finish
         i = bucket[cursor]
         while i >= 0:
@@ -301,28 +307,55 @@ def continuous(arrival, prompt, output, limit, k, budget, blocks, bt, reserve, p
         open_slot = running < limit and ptop + head - qhead == 0  # an arrival would be admitted
         phase_now = steps % bt
         used = blocks - free if limited else 0  # only grows here: its peak is its last value
+        far = steps + STEPPED  # past it, the rest of a long run in closed form
         while True:
-            if head < n and arrival[head] <= now:
-                if open_slot:
+            while True:
+                if head < n and arrival[head] <= now:
+                    if open_slot:
+                        break
+                    while head < n and arrival[head] <= now:  # they only lengthen the queue
+                        head += 1
+                nxt = cursor + 1 if cursor + 1 < ring else 0
+                if bucket[nxt] >= 0:
                     break
-                while head < n and arrival[head] <= now:  # they only lengthen the queue
-                    head += 1
-            nxt = cursor + 1 if cursor + 1 < ring else 0
-            if bucket[nxt] >= 0:
+                if paged:
+                    need = bcount[phase_now]
+                    if need > free:
+                        break
+                    free -= need
+                    used += need
+                    phase_now = phase_now + 1 if phase_now + 1 < bt else 0
+                kv_sum += used
+                now += step_time(k, n_dec, sum_c + n_dec, sum_c + n_dec)
+                steps += 1
+                busy += n_dec
+                sum_c += n_dec
+                cursor = nxt
+                if steps == far:
+                    break
+            if steps != far:
                 break
-            if paged:
-                need = bcount[phase_now]
-                if need > free:
-                    break
-                free -= need
-                used += need
-                phase_now = phase_now + 1 if phase_now + 1 < bt else 0
-            kv_sum += used
-            now += step_time(k, n_dec, sum_c + n_dec, sum_c + n_dec)
-            steps += 1
-            busy += n_dec
-            sum_c += n_dec
-            cursor = nxt
+            # the rest in closed form (:mod:`._bare`): up to the next completion, the blocks' end,
+            # an arrival that would be admitted
+            m = next_filled(occ, bucket, cursor + 1 if cursor + 1 < ring else 0, ring)
+            if paged and free < n_dec * m:  # (a step takes at most D blocks)
+                m = min(m, blocks_last(bcount, phase_now, bt, n_dec, free))
+            until = arrival[head] if open_slot and head < n else np.inf
+            m, now = timed(k, n_dec, sum_c + n_dec, now, until, SHORTEST, m)
+            if m < 0:  # too short: step on
+                far = -1
+                continue
+            kv_sum += m * used
+            if paged and m > 0:
+                taken, taken_sum = blocks_taken(bcount, phase_now, bt, n_dec, m)
+                kv_sum += taken_sum
+                free -= taken
+                used += taken
+            steps += m
+            busy += m * n_dec
+            sum_c += m * n_dec
+            cursor = cursor + m if cursor + m < ring else cursor + m - ring
+            break
         kv_peak = max(kv_peak, used)
         m = steps - steps0
         if m > 0:
