@@ -81,7 +81,7 @@ SERVING = {
     "slo.ttft_s": 0.5,
     "slo.tpot_s": 0.05,
 }
-SERVING_RATES = (8.0, 24.0)  # light and moderate load (saturation is near 45/s): where most steps are bare
+SERVING_RATES = (2.0, 8.0, 24.0)  # light to moderate load (saturation is near 45/s): where most steps are bare
 # Fleets of it: 8 GPUs at 12 requests/s each, as 8 replicas behind two routers or as 2 prefill + 6 decode.
 FLEET_RATE = 96.0
 FLEETS = (

@@ -66,7 +66,7 @@ def test_bench_runs_and_checks():
     lines = result.stdout.splitlines()
     for policy in ("static", "dynamic", "continuous"):
         assert sum(line.split()[:2] == ["lesson", policy] for line in lines) == 2  # both rates
-    assert sum(line.split()[:3] == ["serving", "(h100)", "continuous"] for line in lines) == 2
+    assert sum(line.split()[:3] == ["serving", "(h100)", "continuous"] for line in lines) == 3  # light to moderate
     routers = [re.search(r"\) +(\w+)", line)[1] for line in lines if line.startswith(" fleet (")]
     assert routers == ["round_robin", "least_outstanding", "round_robin"]  # 8 replicas twice, then 2P + 6D
     assert "first call" in result.stdout and "sweep overhead: 400 points" in result.stdout
