@@ -172,3 +172,28 @@ def test_a_subset_of_keys_is_fitted_alone(tmp_path):
     base = load_config(BASE).calibration
     assert written["compute_efficiency"] == base.compute_efficiency  # the others as the config has them
     assert written["api_overhead_ms"] == pytest.approx(fit["calibration"]["api_overhead_ms"], abs=1e-6)
+
+
+def test_a_rounding_level_change_of_the_simulation_does_not_move_the_fit(tmp_path, monkeypatch):
+    """The search compares costs that differ in their last digits; rounded residuals keep it on
+    one path when every simulated metric moves by 1e-12 (as adding a run's step times up in
+    another order does)."""
+    from dataclasses import replace
+
+    from fastsim import calibrate
+    from fastsim.analysis import calibrate as fitting
+
+    measured = tmp_path / "two.csv"
+    write_csv(measured, [({**s, "workload.n_requests": 600}, truly(s, 600)) for s in SIX[:2]])
+    start = load_config(BASE, {"calibration.compute_efficiency": 0.85, "calibration.bandwidth_efficiency": 0.85,
+                               "calibration.step_overhead_ms": 1.5})
+    keys = ["calibration.bandwidth_efficiency", "calibration.step_overhead_ms"]
+    plain = calibrate(start, [measured], keys).after
+    simulated = fitting.simulate
+
+    def nudged(*args, **kwargs):
+        result = simulated(*args, **kwargs)
+        return replace(result, metrics={k: v * (1 + 1e-12) for k, v in result.metrics.items()})
+
+    monkeypatch.setattr(fitting, "simulate", nudged)
+    assert calibrate(start, [measured], keys).after == plain
