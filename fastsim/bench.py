@@ -1,8 +1,8 @@
 """``fastsim bench``: how fast the simulator itself runs, measured honestly.
 
 For each policy and arrival rate, on the lesson's traffic shape drawn with numpy, and for the
-serving model's continuous batching (configs/h100.yaml's scenario) at a light and a moderate
-rate: the first call (JIT compile, or load from Numba's cache) is timed apart, then the kernel is
+serving model's continuous batching (configs/h100.yaml's scenario) from light to moderate
+load: the first call (JIT compile, or load from Numba's cache) is timed apart, then the kernel is
 timed over several repeats (best kept) on the same arrays, and its results are checked before any
 figure is reported.
 """

@@ -1,4 +1,5 @@
-"""Runs of bare steps in closed form, for the serving model's continuous kernels.
+"""Runs of bare steps in closed form, for the serving model's one-engine continuous kernel (the
+fleet's coupled pool still takes them one by one).
 
 A bare step schedules only the D decoders: N = D tokens, and C = A = SC + D, where SC (the
 decoders' computed tokens) grows by D a step. Between two events (an arrival that would be
@@ -135,7 +136,7 @@ def timed(k, d, kv0, now, until, shortest, m):
     if m < shortest or now + shortest * c1 >= until:
         return -1, now
     js = m  # the first step on the other side of the roofline
-    if c2 + b2 * (m - 1) > c1 + b1 * (m - 1):
+    if m > 1 and c2 + b2 * (m - 1) > c1 + b1 * (m - 1):
         js = min(m, np.int64(math.ceil((c1 - c2) / (b2 - b1))))
     if now + _elapsed(c1, b1, c2, b2, js, m) >= until:
         # c1 x + b1 x^2 / 2 = until - now: a first-order guess, then exact by the formula
