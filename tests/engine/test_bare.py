@@ -19,12 +19,6 @@ from ..oracles import serving as oracle_serving
 from ..strategies import close, dirty_scratch, oracle_engine
 
 
-def step_time(k, n, kv):
-    memory = k[1] + k[2] * kv
-    compute = k[3] * n + k[4] * kv
-    return k[0] + max(memory, compute) + (k[5] + k[6] * n)
-
-
 @settings(max_examples=300)
 @given(st.integers(1, 300), st.data())
 def test_next_filled_is_the_first_member_round_the_ring(ring, data):
@@ -79,7 +73,7 @@ def test_timed_runs_are_the_steps_one_by_one(data):
     until = now + data.draw(st.just(math.inf) | st.floats(1e-9, 60))
     steps, t = 0, now
     while steps < m and t < until:
-        t += step_time(k, d, kv0 + steps * d)
+        t += oracle_serving.step_time(k, d, kv0 + steps * d, kv0 + steps * d)  # a bare step: C = A
         steps += 1
     got, after = _bare.timed(k, d, kv0, now, until, 0, m)
     assert got == steps

@@ -346,7 +346,7 @@ def continuous(arrival, prompt, output, limit, k, budget, blocks, bt, reserve, p
                 far = -1
                 continue
             kv_sum += m * used
-            if paged and m > 0:
+            if paged:
                 taken, taken_sum = blocks_taken(bcount, phase_now, bt, n_dec, m)
                 kv_sum += taken_sum
                 free -= taken
