@@ -5,13 +5,17 @@ permissions of a normally created file (the umask decides), and locked while a s
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import secrets
 from pathlib import Path
 from typing import Iterator
 
 from ..model.schema import ConfigError
+
+try:
+    import fcntl
+except ImportError:  # Windows: the lock is filelock's (the same refusal, without the owner's pid)
+    fcntl = None
 
 
 @contextlib.contextmanager
@@ -43,12 +47,24 @@ def lock_path(out: Path) -> Path:
 def output_lock(out: Path) -> Iterator[None]:
     """Hold an exclusive lock on ``out`` for as long as a sweep writes it (and its checkpoint).
 
-    The lock is ``flock`` on ``<out>.lock``, which holds the owner's pid; the kernel drops it when
-    the owner dies, so a killed sweep never leaves ``out`` locked. A second sweep on the same
-    ``out`` fails at once, naming the owner.
+    The lock is on ``<out>.lock``; the operating system drops it when the owner dies, so a killed
+    sweep never leaves ``out`` locked. A second sweep on the same ``out`` fails at once, naming
+    the owner's pid where the platform lets it be read (POSIX).
     """
     path = lock_path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
+    with (_posix_lock if fcntl is not None else _portable_lock)(out, path):
+        yield
+
+
+def _busy(out: Path, owner: str = "") -> ConfigError:
+    who = f" (pid {owner})" if owner else ""
+    return ConfigError(f"{out}: another sweep{who} is writing this output; wait for it, or stop it")
+
+
+@contextlib.contextmanager
+def _posix_lock(out: Path, path: Path) -> Iterator[None]:
+    """``flock`` on ``path``, which holds the owner's pid while it is held."""
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
         try:
@@ -56,9 +72,7 @@ def output_lock(out: Path) -> Iterator[None]:
         except BlockingIOError:
             owner = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
             os.close(fd)
-            raise ConfigError(
-                f"{out}: another sweep (pid {owner}) is writing this output; wait for it, or stop it"
-            ) from None
+            raise _busy(out, owner) from None
         try:
             same = os.stat(path).st_ino == os.fstat(fd).st_ino
         except FileNotFoundError:
@@ -73,3 +87,19 @@ def output_lock(out: Path) -> Iterator[None]:
     finally:
         path.unlink(missing_ok=True)  # while still held, so no one locks a file on its way out
         os.close(fd)
+
+
+@contextlib.contextmanager
+def _portable_lock(out: Path, path: Path) -> Iterator[None]:
+    """filelock's lock on ``path``, for platforms without ``fcntl``."""
+    import filelock
+
+    lock = filelock.FileLock(path, blocking=False)
+    try:
+        lock.acquire()
+    except filelock.Timeout:
+        raise _busy(out) from None
+    try:
+        yield
+    finally:
+        lock.release()

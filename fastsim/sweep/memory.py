@@ -11,7 +11,6 @@ buckets), so no token count drives memory.
 
 from __future__ import annotations
 
-import os
 import re
 
 from ..model.schema import Config, ConfigError
@@ -22,15 +21,11 @@ BYTES_PER_POINT = 4 * 8  # per metric of a sweep's table: the table, a checkpoin
 
 
 def available_bytes() -> int:
-    """Memory the system can give without swapping (Linux ``MemAvailable``)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    """Memory the system can give without swapping (Linux ``MemAvailable``; its equivalent on
+    macOS and Windows)."""
+    import psutil
+
+    return psutil.virtual_memory().available
 
 
 _UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
