@@ -70,8 +70,10 @@ def _fixed(lengths, n: int) -> np.ndarray:
 
 def _from_normal(lengths, normal: np.ndarray) -> np.ndarray:
     """int(exp(normal)) clamped to min..max; ``normal`` already has the distribution's mu and
-    sigma. Clamped in float first, so huge draws cannot overflow int64."""
-    return _clamped_ints(np.exp(normal), lengths.min, lengths.max)
+    sigma. Clamped in float first, so huge draws cannot overflow int64 (a draw past e^709 is
+    inf, which clamps to max like any other length beyond it)."""
+    with np.errstate(over="ignore"):
+        return _clamped_ints(np.exp(normal), lengths.min, lengths.max)
 
 
 @jit

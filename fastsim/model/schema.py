@@ -13,7 +13,6 @@ from typing import Annotated, Any, Callable, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
-    BeforeValidator,
     ConfigDict,
     Field,
     TypeAdapter,
@@ -22,35 +21,16 @@ from pydantic import (
     model_validator,
 )
 
+from .fields import ConfigError, Finite, Int, Section  # ConfigError: imported from here by every layer
+from .lengths import Output, Prompt
 from .presets import HARDWARE, REGISTRIES
-
-
-class ConfigError(ValueError):
-    """Bad input (a config, override, sweep axis or option); the message names the key."""
-
 
 # The names a config may use; the engine's registries map each to its kernel or router.
 POLICIES = ("static", "dynamic", "continuous")
 ROUTERS = ("round_robin", "random", "least_outstanding", "least_kv")
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-
-
-_Finite = dict(allow_inf_nan=False)
-
-
-def _integral(value: Any) -> Any:
-    """``1e6`` (a float that is exactly a whole number) becomes ``1000000``; anything else is
-    left for the strict integer check (so ``1.5`` and booleans are still refused)."""
-    return int(value) if isinstance(value, float) and value.is_integer() else value
-
-
-Int = Annotated[int, BeforeValidator(_integral)]
-
-
-class _Preset(_Section):
+class _Preset(Section):
     """A section that a named preset (see :mod:`fastsim.presets`) can fill: every field the
     config does not set explicitly takes the preset's value."""
 
@@ -77,42 +57,42 @@ class _Preset(_Section):
 
 class Hardware(_Preset):
     section: ClassVar[str] = "hardware"
-    mem_bandwidth_tb_s: float = Field(3.35, gt=0, **_Finite)
+    mem_bandwidth_tb_s: float = Field(3.35, gt=0, **Finite)
     # None: compute is free (the lesson); else dense BF16 TFLOP/s
-    peak_tflops: float | None = Field(None, gt=0, **_Finite)
+    peak_tflops: float | None = Field(None, gt=0, **Finite)
     # None: KV memory is unlimited, unless engine.kv_cache_gb is set
-    mem_gb: float | None = Field(None, gt=0, **_Finite)
-    link_gb_s: float | None = Field(None, gt=0, **_Finite)
-    link_latency_us: float = Field(0.0, ge=0, **_Finite)
+    mem_gb: float | None = Field(None, gt=0, **Finite)
+    link_gb_s: float | None = Field(None, gt=0, **Finite)
+    link_latency_us: float = Field(0.0, ge=0, **Finite)
     # on-demand price of one GPU-hour, USD (a preset's, with its source in presets.py); None: unknown
-    usd_per_gpu_hour: float | None = Field(None, ge=0, **_Finite)
+    usd_per_gpu_hour: float | None = Field(None, ge=0, **Finite)
 
 
 class Model(_Preset):
     section: ClassVar[str] = "model"
-    weight_gb: float = Field(15.008, ge=0, **_Finite)
-    kv_bytes_per_token: float = Field(131072.0, ge=0, **_Finite)
+    weight_gb: float = Field(15.008, ge=0, **Finite)
+    kv_bytes_per_token: float = Field(131072.0, ge=0, **Finite)
     # None: no compute cost (the lesson)
-    params_b: float | None = Field(None, gt=0, **_Finite)
+    params_b: float | None = Field(None, gt=0, **Finite)
     n_layers: Int | None = Field(None, ge=1)
     attn_dim: Int | None = Field(None, ge=1)
     hidden: Int | None = Field(None, ge=1)
 
 
-class Engine(_Section):
+class Engine(Section):
     policy: str = "continuous"
     max_batch: Int = Field(64, ge=1)
     # None: no cap beyond max_batch.
     max_concurrent: Int | None = Field(None, ge=1)
-    window_ms: float = Field(50.0, ge=0, **_Finite)
+    window_ms: float = Field(50.0, ge=0, **Finite)
     # Token budget per step (vLLM's max_num_batched_tokens); None: unlimited (no chunked prefill)
     max_batched_tokens: Int | None = Field(None, ge=1)
     tp: Int = Field(1, ge=1)
     kv_alloc: Literal["paged", "reserve"] = "paged"
     block_tokens: Int = Field(16, ge=1)
-    gpu_memory_utilization: float = Field(0.9, gt=0, le=1, **_Finite)
-    reserved_gb: float = Field(2.0, ge=0, **_Finite)
-    kv_cache_gb: float | None = Field(None, gt=0, **_Finite)
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1, **Finite)
+    reserved_gb: float = Field(2.0, ge=0, **Finite)
+    kv_cache_gb: float | None = Field(None, gt=0, **Finite)
 
     @field_validator("policy")
     @classmethod
@@ -125,50 +105,11 @@ class Engine(_Section):
         return self.max_batch if self.max_concurrent is None else min(self.max_batch, self.max_concurrent)
 
 
-class _Lengths(_Section):
-    """A token-length distribution: ``fixed`` (``value``), ``lognormal`` (int(exp(N(mu, sigma)))
-    clamped to ``min``..``max``) or ``uniform`` (integers ``min``..``max``)."""
-
-    dist: Literal["fixed", "lognormal", "uniform"]
-
-    @model_validator(mode="after")
-    def _ordered(self) -> _Lengths:
-        if self.min > self.max:
-            raise ValueError(f"min ({self.min}) must not exceed max ({self.max})")
-        return self
-
-    @property
-    def smallest(self) -> int:
-        return self.value if self.dist == "fixed" else self.min
-
-    @property
-    def largest(self) -> int:
-        return self.value if self.dist == "fixed" else self.max
-
-
-class Prompt(_Lengths):
-    dist: Literal["fixed", "lognormal", "uniform"] = "fixed"
-    value: Int = Field(1000, ge=0)
-    mu: float = Field(6.9, **_Finite)
-    sigma: float = Field(1.0, ge=0, **_Finite)
-    min: Int = Field(1, ge=0)
-    max: Int = Field(8192, ge=0)
-
-
-class Output(_Lengths):
-    dist: Literal["fixed", "lognormal", "uniform"] = "lognormal"
-    mu: float = Field(4.5, **_Finite)
-    sigma: float = Field(1.0, ge=0, **_Finite)
-    min: Int = Field(1, ge=1)
-    max: Int = Field(2000, ge=1)
-    value: Int = Field(148, ge=1)
-
-
-class Workload(_Section):
+class Workload(Section):
     # None: every request of workload.trace
     n_requests: Int | None = Field(3000, ge=1)
     # requests per second; with a trace, its arrival times are rescaled to this mean (None: as recorded)
-    rate: float | None = Field(8.0, gt=0, **_Finite)
+    rate: float | None = Field(8.0, gt=0, **Finite)
     seed: Int = Field(7, ge=0)
     rng: Literal["stdlib", "numpy"] = "numpy"
     prompt: Prompt = Prompt()
@@ -177,7 +118,7 @@ class Workload(_Section):
     # poisson: exponential gaps; gamma: gamma gaps of shape `burstiness` (1 = Poisson, < 1
     # burstier, > 1 smoother; vLLM bench's --burstiness); constant: every 1/rate, from 1/rate
     arrival: Literal["poisson", "gamma", "constant"] = "poisson"
-    burstiness: float = Field(1.0, gt=0, **_Finite)
+    burstiness: float = Field(1.0, gt=0, **Finite)
     # a recorded trace (CSV) replacing arrivals and lengths; a relative path is relative to the
     # config file that names it
     trace: str | None = None
@@ -188,25 +129,25 @@ class Workload(_Section):
         return self.output.largest
 
 
-class Calibration(_Section):
-    compute_efficiency: float = Field(1.0, gt=0, le=1, **_Finite)
-    bandwidth_efficiency: float = Field(1.0, gt=0, le=1, **_Finite)
-    step_overhead_ms: float = Field(0.0, ge=0, **_Finite)
+class Calibration(Section):
+    compute_efficiency: float = Field(1.0, gt=0, le=1, **Finite)
+    bandwidth_efficiency: float = Field(1.0, gt=0, le=1, **Finite)
+    step_overhead_ms: float = Field(0.0, ge=0, **Finite)
     # a fixed time per layer of every step (its kernels' launch and tail latencies), on top
-    layer_overhead_us: float = Field(0.0, ge=0, **_Finite)
-    api_overhead_ms: float = Field(0.0, ge=0, **_Finite)
+    layer_overhead_us: float = Field(0.0, ge=0, **Finite)
+    api_overhead_ms: float = Field(0.0, ge=0, **Finite)
 
 
-class Slo(_Section):
+class Slo(Section):
     """Service-level objectives: a request is good when it meets every one that is set (vLLM
     bench's --goodput rule; TPOT counts as 0 for a one-token output). None: not an objective."""
 
-    ttft_s: float | None = Field(None, gt=0, **_Finite)
-    tpot_s: float | None = Field(None, gt=0, **_Finite)
-    e2e_s: float | None = Field(None, gt=0, **_Finite)
+    ttft_s: float | None = Field(None, gt=0, **Finite)
+    tpot_s: float | None = Field(None, gt=0, **Finite)
+    e2e_s: float | None = Field(None, gt=0, **Finite)
 
 
-class Fleet(_Section):
+class Fleet(Section):
     """Replicas behind a router, and an optional prefill pool (DESIGN.md, "The fleet model").
     None: as the engine (prefill_tp, prefill_max_batched_tokens) or the config's hardware."""
 
@@ -216,8 +157,8 @@ class Fleet(_Section):
     prefill_tp: Int | None = Field(None, ge=1)
     prefill_hardware: str | None = None
     prefill_max_batched_tokens: Int | None = Field(None, ge=1)
-    kv_link_gb_s: float = Field(50.0, gt=0, **_Finite)  # one 400 Gb/s NIC
-    kv_link_latency_ms: float = Field(0.0, ge=0, **_Finite)
+    kv_link_gb_s: float = Field(50.0, gt=0, **Finite)  # one 400 Gb/s NIC
+    kv_link_latency_ms: float = Field(0.0, ge=0, **Finite)
 
     @field_validator("router")
     @classmethod
@@ -238,7 +179,7 @@ def _one_of(names: tuple[str, ...], v: Any) -> str:
     return v
 
 
-class Config(_Section):
+class Config(Section):
     description: str = ""
     hardware: Hardware = Hardware()
     model: Model = Model()

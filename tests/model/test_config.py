@@ -22,6 +22,7 @@ def test_contract_keys_all_exist():
     workload.rng workload.prompt.dist workload.prompt.value workload.prompt.mu
     workload.prompt.sigma workload.prompt.min workload.prompt.max workload.trace workload.output.dist workload.output.mu workload.output.sigma
     workload.output.min workload.output.max workload.output.value
+    workload.prompt.median workload.prompt.p90 workload.output.median workload.output.p90
     hardware.preset hardware.peak_tflops hardware.mem_gb hardware.link_gb_s hardware.link_latency_us
     model.preset model.params_b model.n_layers model.attn_dim model.hidden
     engine.max_batched_tokens engine.tp engine.kv_alloc engine.block_tokens engine.gpu_memory_utilization

@@ -1,0 +1,28 @@
+"""What every config section is built from: the error that names a key, the frozen strict base
+section, and the field types numbers as people write them need (``1e6`` as an integer)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict
+
+
+class ConfigError(ValueError):
+    """Bad input (a config, override, sweep axis or option); the message names the key."""
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+Finite = dict(allow_inf_nan=False)
+
+
+def _integral(value: Any) -> Any:
+    """``1e6`` (a float that is exactly a whole number) becomes ``1000000``; anything else is
+    left for the strict integer check (so ``1.5`` and booleans are still refused)."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+Int = Annotated[int, BeforeValidator(_integral)]

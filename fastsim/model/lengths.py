@@ -1,0 +1,84 @@
+"""Token-length distributions (a workload's prompts and outputs).
+
+``fixed`` is ``value``; ``uniform`` the integers ``min``..``max``; ``lognormal`` is
+int(exp(N(mu, sigma))) clamped to ``min``..``max``, where ``mu`` and ``sigma`` are the mean and
+standard deviation of the *log* of the length. People describe lengths in tokens, so a lognormal
+may instead be given by its ``median`` (tokens: mu = ln median) and its ``p90`` (tokens: the
+unclamped 90th percentile, sigma = ln(p90 / median) / z, z = 1.2816 the standard normal's 90th
+percentile) or ``sigma``. A median beyond ``max`` (a ``mu`` of 1500 meant as tokens is a median
+of e^1500) is refused, naming the median it implies.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from .fields import Finite, Int, Section
+
+Z90 = 1.2815515655446004  # the standard normal's 90th percentile
+
+
+class _Lengths(Section):
+    dist: Literal["fixed", "lognormal", "uniform"]
+    median: float | None = Field(None, gt=0, **Finite)
+    p90: float | None = Field(None, gt=0, **Finite)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> _Lengths:
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) must not exceed max ({self.max})")
+        if self.dist != "lognormal":
+            if self.median is not None or self.p90 is not None:
+                raise ValueError(f"median and p90 describe dist lognormal (dist is {self.dist})")
+            return self
+        if self.median is not None:
+            self._derive("mu", math.log(self.median), "median")
+        if self.p90 is not None:
+            median = math.exp(self.mu)
+            if self.p90 <= median:
+                raise ValueError(f"p90 ({self.p90:g}) must exceed the median ({median:.6g} tokens)")
+            self._derive("sigma", math.log(self.p90 / median) / Z90, "p90")
+        if self.mu > math.log(self.max):
+            if self.median is not None:
+                raise ValueError(f"median ({self.median:g}) is beyond max ({self.max})")
+            median = f"{math.exp(self.mu):.6g}" if self.mu < 709 else f"e^{self.mu:g}"
+            raise ValueError(f"mu ({self.mu:g}) is the log of the length: a median of {median} tokens, beyond "
+                             f"max ({self.max}); to give the median in tokens, write median: {self.mu:g}")
+        return self
+
+    def _derive(self, name: str, value: float, source: str) -> None:
+        """Set ``name`` from ``source``; both given is an error unless they agree (a resolved
+        config written out holds both)."""
+        if name in self.model_fields_set and not math.isclose(getattr(self, name), value, rel_tol=1e-12):
+            raise ValueError(f"give {name} or {source}, not both ({name} {getattr(self, name):g} and {source} "
+                             f"{getattr(self, source):g} disagree)")
+        object.__setattr__(self, name, value)  # frozen model: derived once, while validating
+
+    @property
+    def smallest(self) -> int:
+        return self.value if self.dist == "fixed" else self.min
+
+    @property
+    def largest(self) -> int:
+        return self.value if self.dist == "fixed" else self.max
+
+
+class Prompt(_Lengths):
+    dist: Literal["fixed", "lognormal", "uniform"] = "fixed"
+    value: Int = Field(1000, ge=0)
+    mu: float = Field(6.9, **Finite)
+    sigma: float = Field(1.0, ge=0, **Finite)
+    min: Int = Field(1, ge=0)
+    max: Int = Field(8192, ge=0)
+
+
+class Output(_Lengths):
+    dist: Literal["fixed", "lognormal", "uniform"] = "lognormal"
+    mu: float = Field(4.5, **Finite)
+    sigma: float = Field(1.0, ge=0, **Finite)
+    min: Int = Field(1, ge=1)
+    max: Int = Field(2000, ge=1)
+    value: Int = Field(148, ge=1)
