@@ -19,7 +19,7 @@ from .model.schema import Config, ConfigError
 from .sweep import io, memory
 from .sweep.files import output_lock
 from .sweep.grid import Grid, build_grid
-from .sweep.runner import Task, run_grid
+from .sweep.runner import Progress, Task, run_grid
 
 if TYPE_CHECKING:
     import xarray as xr
@@ -56,7 +56,7 @@ def sweep(
     config: Config,
     workers: int | None = None,
     scheduler: str | None = None,
-    on_progress: Callable[[int, int], None] | None = None,
+    on_progress: Progress | None = None,
     max_memory: int | None = None,
 ) -> xr.Dataset:
     """Run every point of ``config.sweep`` and return them as an xarray Dataset.
@@ -77,7 +77,7 @@ def checkpoint_path(out: Path) -> Path:
 
 
 def _to_file(grid: Grid, task: Task | None, out: Path, workers: int | None, scheduler: str | None, resume: bool,
-             on_progress: Callable[[int, int], None] | None, layout: Callable[[np.ndarray], io.Layout]) -> np.ndarray:
+             on_progress: Progress | None, layout: Callable[[np.ndarray], io.Layout]) -> np.ndarray:
     """Run ``task`` on every point of ``grid`` under a lock on ``out``, checkpointed beside it,
     write ``layout(table)`` to ``out`` and drop the checkpoint; returns the table."""
     partial = checkpoint_path(out)
@@ -97,7 +97,7 @@ def sweep_to_file(
     workers: int | None = None,
     scheduler: str | None = None,
     resume: bool = False,
-    on_progress: Callable[[int, int], None] | None = None,
+    on_progress: Progress | None = None,
     max_memory: int | None = None,
 ) -> tuple[Grid, np.ndarray]:
     """Run the grid like :func:`sweep`, writing netCDF to ``out`` atomically, resumable after any
@@ -125,7 +125,7 @@ def capacity_to_file(
     workers: int | None = None,
     scheduler: str | None = None,
     resume: bool = False,
-    on_progress: Callable[[int, int], None] | None = None,
+    on_progress: Progress | None = None,
     max_memory: int | None = None,
 ) -> tuple[Grid, np.ndarray]:
     """Search every setting's capacity (:func:`fastsim.analysis.capacity.search`) and write it as
@@ -156,7 +156,7 @@ def plan_to_file(
     workers: int | None = None,
     scheduler: str | None = None,
     resume: bool = False,
-    on_progress: Callable[[int, int], None] | None = None,
+    on_progress: Progress | None = None,
     max_memory: int | None = None,
 ) -> tuple[Grid, np.ndarray]:
     """For every candidate of ``config``'s grid, the fewest replicas that meet the targets

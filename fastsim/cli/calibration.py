@@ -10,10 +10,10 @@ from typing import Annotated, Optional
 
 import typer
 
-from .common import ConfigArg, SetOpt, app, err, fail, load, out, print_table, user_errors
+from .common import ConfigArg, SetOpt, command, err, fail, load, out, print_table, user_errors
 
 
-@app.command()
+@command
 def calibrate(
     config: ConfigArg,
     measured: Annotated[list[Path], typer.Argument(help="Measured runs: CSV files (config keys and metric columns) "

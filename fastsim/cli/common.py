@@ -4,6 +4,7 @@ fit the terminal, progress bars, and what an interrupted run kept."""
 from __future__ import annotations
 
 import contextlib
+import inspect
 import sys
 from pathlib import Path
 from typing import Annotated, Callable, Iterator, Optional
@@ -12,7 +13,6 @@ import typer
 from rich.console import Console
 from rich.progress import (
     BarColumn,
-    MofNCompleteColumn,
     Progress,
     ProgressColumn,
     Task,
@@ -33,9 +33,17 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
     help="Simulate LLM serving engines and fleets: throughput, latency and cost, fast and exact.",
 )
-# A terminal keeps its own width (tables are split to fit it); piped output is wide.
+# A terminal keeps its own width (tables are split to fit it); piped output is wide. Notices on
+# stderr wrap at word boundaries on a terminal, and not at all elsewhere (a log keeps each whole).
 out = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
-err = Console(stderr=True, highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=not sys.stderr.isatty())
+
+
+def command(fn: Callable) -> Callable:
+    """Register ``fn`` as a command. Its docstring's paragraphs become the help with their line
+    breaks removed, so the help wraps at word boundaries at the terminal's width."""
+    paragraphs = inspect.cleandoc(fn.__doc__ or "").split("\n\n")
+    return app.command(help="\n\n".join(" ".join(p.split()) for p in paragraphs))(fn)
 
 ConfigArg = Annotated[Path, typer.Argument(help="Scenario YAML (see configs/).", show_default=False)]
 SetOpt = Annotated[
@@ -146,17 +154,20 @@ def print_table(title: str, headers: list[str], rows: list[list[str]], left: int
 
 
 class _RateColumn(ProgressColumn):
+    """Points a second since the bar started (points resumed from a checkpoint are not speed)."""
+
     def render(self, task: Task) -> Text:
-        return Text(f"{task.speed:,.0f}/s" if task.speed else "", style="progress.data.speed")
+        done = task.fields["done"] - task.fields["resumed"]
+        return Text(f"{done / task.elapsed:,.0f}/s" if done and task.elapsed else "", style="progress.data.speed")
 
 
-def progress(label: str, quiet: bool, unit: str = "points") -> tuple[Progress, Callable[[int, int], None]]:
-    """A progress bar on stderr that appears with the first report (after any set-up error)."""
+def progress(label: str, quiet: bool, unit: str = "points") -> tuple[Progress, Callable[[int, int, float], None]]:
+    """A progress bar on stderr that appears with the first report (after any set-up error). It
+    counts points, and fills (and estimates the time left) by the work they stand for."""
     bar = Progress(
         TextColumn(label),
         BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn(unit),
+        TextColumn("{task.fields[done]}/{task.fields[points]} " + unit),
         _RateColumn(),
         TimeElapsedColumn(),
         TextColumn("eta"),
@@ -164,14 +175,14 @@ def progress(label: str, quiet: bool, unit: str = "points") -> tuple[Progress, C
         console=err,
         disable=quiet,
     )
-    task = bar.add_task(label, total=None)
+    task = bar.add_task(label, total=None, done=0, points=0, resumed=0)
 
-    def on_progress(done: int, total: int) -> None:
-        if bar.tasks[0].total is None:  # first call: points resumed from a checkpoint are not speed
+    def on_progress(done: int, total: int, work: float) -> None:
+        if bar.tasks[0].total is None:  # first call: work resumed from a checkpoint is not speed
             bar.start()
-            bar.reset(task, total=total, completed=done)
+            bar.reset(task, total=1.0, completed=work, done=done, points=total, resumed=done)
         else:
-            bar.update(task, completed=done)
+            bar.update(task, completed=work, done=done)
 
     return bar, on_progress
 
@@ -184,8 +195,8 @@ def kept(out_path: Path) -> str:
     return f"; finished points are kept in {partial}: rerun with --resume" if partial.exists() else "; nothing was kept"
 
 
-def run_to_file(label: str, quiet: bool, destination: Path, work: Callable[[Callable[[int, int], None]], object],
-                unit: str = "points"):
+def run_to_file(label: str, quiet: bool, destination: Path,
+                work: Callable[[Callable[[int, int, float], None]], object], unit: str = "points"):
     """Run ``work(on_progress)`` (which writes ``destination``) with a progress bar; Ctrl-C ends
     with exit code 130 and what was kept, a file system error with exit code 2."""
     bar, on_progress = progress(label, quiet, unit)

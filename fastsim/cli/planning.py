@@ -10,10 +10,10 @@ from typing import Annotated, Optional
 import typer
 
 from .common import (AttainmentOpt, ConfigArg, MaxMemoryOpt, QuietOpt, ResumeOpt, SchedulerOpt, SetOpt, TargetOpt,
-                     WorkersOpt, app, err, load, max_memory, out, print_table, run_to_file, user_errors)
+                     WorkersOpt, command, err, load, max_memory, out, print_table, run_to_file, user_errors)
 
 
-@app.command()
+@command
 def capacity(
     config: ConfigArg,
     set_: SetOpt = None,
@@ -48,7 +48,7 @@ def capacity(
     print_table(title, headers, rows, left=labels)
 
 
-@app.command()
+@command
 def plan(
     config: ConfigArg,
     set_: SetOpt = None,

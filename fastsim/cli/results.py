@@ -8,10 +8,10 @@ from typing import Annotated, Optional
 
 import typer
 
-from .common import app, err, fail, print_table, user_errors
+from .common import command, err, fail, print_table, user_errors
 
 
-@app.command()
+@command
 def compare(
     baseline: Annotated[Path, typer.Argument(help="The reference dataset (.nc).", show_default=False)],
     candidate: Annotated[Path, typer.Argument(help="The dataset to check (.nc).", show_default=False)],
@@ -52,7 +52,7 @@ def compare(
         raise typer.Exit(1)
 
 
-@app.command()
+@command
 def plot(
     result: Annotated[Path, typer.Argument(help="A sweep, capacity or plan dataset (.nc).", show_default=False)],
     x: Annotated[Optional[str], typer.Option("--x", help="Axis along x (default: rate, or the first).")] = None,

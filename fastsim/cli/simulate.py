@@ -11,13 +11,13 @@ from typing import Annotated, Optional
 
 import typer
 
-from .common import (ConfigArg, MaxMemoryOpt, QuietOpt, ResumeOpt, SchedulerOpt, SetOpt, WorkersOpt, app, err, fail,
-                     load, max_memory, out, print_table, run_to_file, user_errors)
+from .common import (ConfigArg, MaxMemoryOpt, QuietOpt, ResumeOpt, SchedulerOpt, SetOpt, WorkersOpt, command, err,
+                     fail, load, max_memory, out, print_table, run_to_file, user_errors)
 
 OutOpt = Annotated[Optional[Path], typer.Option("--out", help="netCDF output (default: results/<config name>.nc).")]
 
 
-@app.command()
+@command
 def run(
     config: ConfigArg,
     set_: SetOpt = None,
@@ -52,7 +52,7 @@ def run(
     print_table(describe(cfg, result.arrival_s.size), ["metric", "value", "units"], rows)
 
 
-@app.command()
+@command
 def sweep(
     config: ConfigArg,
     set_: SetOpt = None,
@@ -81,7 +81,7 @@ def sweep(
     err.print(next_steps(config, target, cfg), soft_wrap=True)
 
 
-@app.command()
+@command
 def bench(
     n: Annotated[int, typer.Option("--n", help="Requests per run.", min=1)] = 1_000_000,
     repeats: Annotated[int, typer.Option(help="Timed runs per case (best is kept).", min=1)] = 5,
@@ -118,7 +118,7 @@ def bench(
                   f"{c.compiling_s:.1f} s with an empty Numba cache (compiling), {c.cached_s:.1f} s once cached")
 
 
-@app.command()
+@command
 def presets() -> None:
     """List the hardware and model presets with the values they fill."""
     from ..model.presets import HARDWARE, MODEL_SHAPES, MODELS, PRICE_SOURCES

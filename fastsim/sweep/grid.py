@@ -13,6 +13,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import numpy as np
+
 from ..engine.checks import CHECKS
 from ..model.schema import Config, ConfigError, axis_validator, coupled_section, get_dotted, section_validator
 
@@ -62,6 +64,17 @@ class Grid:
         if key not in self.keys:
             return [requests(self.base)]
         return [requests(self.base.at({key: n})) for n in self.axes[self.keys.index(key)]]
+
+    def requests_per_point(self) -> np.ndarray:
+        """How many requests each point simulates (flat, C order)."""
+        key = "workload.n_requests"
+        if key not in self.keys:
+            return np.full(self.size, self._requests()[0], dtype=np.int64)
+        j = self.keys.index(key)
+        shape = [1] * len(self.shape)
+        shape[j] = self.shape[j]
+        per_value = np.array(self._requests(), dtype=np.int64).reshape(shape)
+        return np.broadcast_to(per_value, self.shape).reshape(-1)
 
     def indices(self, index: int) -> tuple[int, ...]:
         """Per-axis value indices of the point at flat ``index``."""

@@ -102,6 +102,8 @@ def make_blocks(grid: Grid, todo: np.ndarray, workers: int, seconds_per_request:
 
 
 Results = Iterator[tuple[np.ndarray, np.ndarray]]
+# (points done, points in all, fraction of the estimated work done: points weighted by their requests)
+Progress = Callable[[int, int, float], None]
 
 
 def _in_process(grid: Grid, blocks: list[np.ndarray], task: Task) -> Results:
@@ -246,7 +248,7 @@ def run_grid(
     scheduler: str | None = None,
     checkpoint: Path | None = None,
     resume: bool = False,
-    on_progress: Callable[[int, int], None] | None = None,
+    on_progress: Progress | None = None,
     task: Task | None = None,
 ) -> np.ndarray:
     """Run ``task`` (default: simulate) on every grid point; returns the table, shape
@@ -255,6 +257,9 @@ def run_grid(
     ``workers``: threads on this machine (default: every core; 1 runs in the calling thread).
     ``scheduler``: a Dask scheduler address, or ``"local"`` for a local Dask cluster.
     ``checkpoint``: file to record finished points in; ``resume`` continues from it.
+    ``on_progress(done, total, work)``: after each block, points done of all, and the fraction of
+    the estimated work done (a point's estimate grows with its requests, so an ETA holds across
+    an ``n_requests`` axis).
     """
     task = Simulate() if task is None else task
     if workers is not None and workers < 1:
@@ -288,8 +293,11 @@ def run_grid(
     else:
         warm_up(grid, batched)  # compile or load once, before threads call the kernels
         results = _threads(grid, blocks, task, workers)
+    cost = SECONDS_PER_POINT + grid.requests_per_point() * task.seconds_per_request if on_progress else None
+    work_total = float(cost.sum()) if on_progress else 1.0
+    work = work_total - float(cost[todo].sum()) if on_progress else 0.0
     if on_progress:  # the bar starts (and its thread) once any worker process was forked
-        on_progress(n_done, grid.size)
+        on_progress(n_done, grid.size, work / work_total)
     try:
         for indices, rows in results:
             table[indices] = rows
@@ -297,7 +305,8 @@ def run_grid(
                 log.append(indices, rows)
             n_done += len(indices)
             if on_progress:
-                on_progress(n_done, grid.size)
+                work += float(cost[indices].sum())
+                on_progress(n_done, grid.size, min(1.0, work / work_total))
     finally:
         if log is not None:
             log.close()

@@ -97,9 +97,16 @@ def _cell(samples: np.ndarray, column: tuple) -> str:
 
 
 def describe(config: Config, n_requests: int) -> str:
-    """One line naming a run's engine, fleet and traffic."""
-    e, w, f = config.engine, config.workload, config.fleet
-    engine = f"{e.policy} batching, max_batch {e.max_batch}, limit {e.limit}"
+    """One line naming what a run simulated: model, GPU, tp, fleet, engine limits and traffic."""
+    from ..model.cost import kv_blocks
+
+    h, m, e, w, f = config.hardware, config.model, config.engine, config.workload, config.fleet
+    model = m.preset or f"a {m.weight_gb:g} GB model"
+    gpu = h.preset or f"a {h.mem_bandwidth_tb_s:g} TB/s GPU"
+    blocks = kv_blocks(config)
+    kv = "KV unlimited" if blocks is None else f"KV {blocks * e.block_tokens:,} tokens"
+    budget = "" if e.max_batched_tokens is None else f", budget {e.max_batched_tokens:,} tokens"
+    engine = f"{e.policy} batching, max_batch {e.max_batch}, limit {e.limit}{budget}, {kv}"
     if f.replicas > 1 or f.prefill_replicas:
         pool = f"{f.prefill_replicas} prefill + {f.replicas} decode replicas" if f.prefill_replicas else (
             f"{f.replicas} replicas")
@@ -109,7 +116,7 @@ def describe(config: Config, n_requests: int) -> str:
         traffic = f"{n_requests:,} requests of {Path(w.trace).name}, {rate}"
     else:
         traffic = f"{n_requests:,} requests at {w.rate:g}/s ({w.rng} traffic, seed {w.seed})"
-    return f"{engine}: {traffic}"
+    return f"{model} on {gpu}, tp {e.tp}: {engine}: {traffic}"
 
 
 def _label(value: Any) -> str:
