@@ -37,6 +37,7 @@ class MetricReport:
     direction: int
     worst_change: float = 0.0  # relative, signed: negative is worse
     worst_at: dict[str, Any] = field(default_factory=dict)
+    worst_values: tuple[float, float] = (math.nan, math.nan)  # baseline, candidate at worst_at
     regressions: int = 0
     improvements: int = 0
 
@@ -51,6 +52,11 @@ class Report:
     @property
     def regressed(self) -> bool:
         return bool(self.regressed_points)
+
+    @property
+    def identical(self) -> bool:
+        """No compared metric changed at any point."""
+        return all(r.worst_change == 0 and not r.improvements for r in self.metrics.values())
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -131,9 +137,29 @@ def compare(baseline: Path, candidate: Path, rtol: float = 0.05, metrics: list[s
             r.worst_change = float(change.flat[flat])
             idx = np.unravel_index(flat, change.shape) if change.ndim else ()
             r.worst_at = {d: _plain(base[d].values[i]) for d, i in zip(base.indexes, idx)}
+            r.worst_values = (float(a.flat[flat]), float(b.flat[flat]))
         for idx in zip(*np.nonzero(failed)) if change.ndim else ([()] if failed else []):
             at = {d: _plain(base[d].values[i]) for d, i in zip(base.indexes, idx)}
             report.regressed_points.append({"metric": name, "at": at, "baseline": float(a[idx]),
                                             "candidate": float(b[idx]), "change": float(change[idx])})
         report.metrics[name] = r
     return report
+
+
+def describe_change(baseline: float, candidate: float, direction: int) -> str:
+    """A change as a reader says it: its sign the way the value moved, then better or worse
+    (``+12.5% worse`` for a latency that rose); a rise past 10x as a factor; a baseline of 0 or
+    NaN said as such."""
+    if baseline == candidate or (math.isnan(baseline) and math.isnan(candidate)):
+        return "unchanged"
+    if math.isnan(candidate):
+        return "became undefined (worse)"
+    if math.isnan(baseline):
+        return f"was undefined, now {candidate:.4g}"
+    verdict = "better" if (candidate - baseline) * direction > 0 else "worse"
+    if baseline == 0:
+        return f"from 0 to {candidate:.4g} ({verdict})"
+    change = (candidate - baseline) / abs(baseline)
+    if abs(change) >= 10:
+        return f"{candidate / baseline:,.1f}x ({verdict})"
+    return f"{change:+.1%} ({verdict})"

@@ -24,6 +24,7 @@ from .compare import open_dataset
 SWEEP_Y = ("throughput_tok_s", "ttft_p99_s")
 CAPACITY_Y = ("max_rate_rps",)
 PLAN_Y = "usd_per_hour"
+PLAN_BARS = 25  # candidates a plan figure shows, cheapest first
 SLO_OF = {"ttft_": "ttft_s", "tpot_": "tpot_s", "e2e_": "e2e_s"}  # metric prefix -> the slo key bounding it
 
 
@@ -159,7 +160,8 @@ def _line_figure(plt, ds, ys: list[str], x: str, hue: str | None, col: str | Non
                         label=None if hue is None else f"{hue} {hv}")
             values = np.asarray(panel.values, dtype=float)
             positive = values[np.isfinite(values) & (values > 0)]
-            if positive.size and positive.max() / positive.min() > 100:
+            fraction = panel.attrs.get("units") == "1"  # attainment, use: 0 must show, on a linear axis
+            if not fraction and positive.size and positive.max() / positive.min() > 100:
                 ax.set_yscale("log")
             if bound is not None:
                 ax.axhline(bound, color="grey", linestyle="--", linewidth=1, label=f"SLO {bound:g} s")
@@ -176,25 +178,33 @@ def _line_figure(plt, ds, ys: list[str], x: str, hue: str | None, col: str | Non
 
 def _plan_figure(plt, ds, ys: list[str]):
     """One horizontal bar per candidate and metric, cheapest first (by rank), labelled with the
-    candidate's settings and its answer."""
+    candidate's settings and its answer: the candidates that meet the targets, at most
+    ``PLAN_BARS`` of them; the title says how many are left out and why."""
     flat = ds.stack(candidate=list(ds.dims)) if ds.dims else ds.expand_dims("candidate")
-    order = np.argsort(flat["rank"].values, kind="stable")
+    met = np.isfinite(flat["replicas"].values.astype(float))
+    order = [int(i) for i in np.argsort(flat["rank"].values, kind="stable") if met[i]]
+    shown = order[:PLAN_BARS] or [int(i) for i in np.argsort(flat["rank"].values, kind="stable")[:PLAN_BARS]]
     names = []
-    for i in order:
-        point = flat.isel(candidate=int(i))
+    for i in shown:
+        point = flat.isel(candidate=i)
         settings = ", ".join(f"{d}={point[d].values.item()}" for d in ds.dims) or "the config"
         replicas = float(point["replicas"])
-        answer = (f"{replicas:.0f} replicas" if not math.isnan(replicas) else
+        answer = (f"{replicas:.0f} replica{'' if replicas == 1 else 's'}" if not math.isnan(replicas) else
                   "cannot run" if str(point["binding"].values).startswith("cannot run") else "never met")
         names.append(f"{settings}: {answer}")
+    left = [f"{len(order) - len(shown)} more that meet the targets"] if len(order) > len(shown) else []
+    if met.size > len(order):
+        left.append(f"{met.size - len(order)} that never meet them or cannot run")
     width = 3.0 + 0.075 * max(len(n) for n in names) + 4.5 * len(ys)
-    fig, axes = plt.subplots(1, len(ys), figsize=(width, 0.28 * len(names) + 1.4), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(1, len(ys), figsize=(width, 0.28 * len(names) + 1.6), squeeze=False, sharey=True)
     for c, y in enumerate(ys):
         ax = axes[0][c]
-        values = flat[y].values[order].astype(float)
+        values = flat[y].values[shown].astype(float)
         ax.barh(range(len(names)), np.nan_to_num(values), color="tab:blue")
         ax.set_yticks(range(len(names)), labels=names, fontsize="small")
         ax.invert_yaxis()
         ax.set_xlabel(_label(ds[y]))
         ax.grid(True, axis="x", alpha=0.3)
+    note = f"{len(shown)} of {met.size} candidates, cheapest first" + (f"; not shown: {', '.join(left)}" if left else "")
+    axes[0][0].set_title(note, fontsize="small", loc="left")
     return fig

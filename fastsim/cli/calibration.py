@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from .common import ConfigArg, SetOpt, command, err, fail, load, out, print_table, user_errors
+from .common import ConfigArg, SetOpt, command, err, fail, load, out, print_grouped, user_errors
 
 
 @command
@@ -57,12 +57,12 @@ def calibrate(
         return
     values = ", ".join(f"{k.removeprefix('calibration.')} {result.before[k]:g} -> {v:.4g}"
                        for k, v in result.after.items())
-    rows = [[run.source, describe(run), name, f"{value:.4g}", f"{b[name]:.4g}", f"{b[name] / value - 1:+.1%}",
-             f"{a[name]:.4g}", f"{a[name] / value - 1:+.1%}"]
-            for run, b, a in zip(result.runs, result.predicted_before, result.predicted_after)
-            for name, value in run.metrics.items()]
-    print_table(f"calibration: {values}", ["run", "settings", "metric", "measured", "before", "error",
-                                            "after", "error"], rows, left=3)
+    out.print(f"calibration: {values}")
+    runs = [(f"{run.source}: {describe(run)}",
+             [[name, f"{value:.4g}", f"{b[name]:.4g}", f"{b[name] / value - 1:+.1%}", f"{a[name]:.4g}",
+               f"{a[name] / value - 1:+.1%}"] for name, value in run.metrics.items()])
+            for run, b, a in zip(result.runs, result.predicted_before, result.predicted_after)]
+    print_grouped(["metric", "measured", "before", "error", "after", "error"], runs)
     medians = ", ".join(f"{name} {statistics.median(abs(e) for e in before[name]):.1%} -> "
                         f"{statistics.median(abs(e) for e in errors):.1%}" for name, errors in after.items())
     out.print(f"median |error|: {medians}", soft_wrap=True)

@@ -153,6 +153,20 @@ def print_table(title: str, headers: list[str], rows: list[list[str]], left: int
         out.print(table, soft_wrap=len(part) == 1)
 
 
+def print_grouped(headers: list[str], groups: list[tuple[str, list[list[str]]]]) -> None:
+    """Print groups of rows, each under a line of its own (what the rows share, said once), in
+    one set of columns: the first a label, the others right-aligned, the headers once on top."""
+    widths = [max([len(h), *(len(r[j]) for _, rows in groups for r in rows)]) for j, h in enumerate(headers)]
+    for n, (heading, rows) in enumerate(groups):
+        out.print(heading, soft_wrap=True)
+        table = Table(box=None, header_style="bold", show_header=n == 0, pad_edge=True)
+        for j, h in enumerate(headers):
+            table.add_column(h, justify="left" if j == 0 else "right", no_wrap=True, min_width=widths[j])
+        for row in rows:
+            table.add_row(*row)
+        out.print(table)
+
+
 class _RateColumn(ProgressColumn):
     """Points a second since the bar started (points resumed from a checkpoint are not speed)."""
 

@@ -10,7 +10,8 @@ from typing import Annotated, Optional
 import typer
 
 from .common import (AttainmentOpt, ConfigArg, MaxMemoryOpt, QuietOpt, ResumeOpt, SchedulerOpt, SetOpt, TargetOpt,
-                     WorkersOpt, command, err, load, max_memory, out, print_table, run_to_file, user_errors)
+                     WorkersOpt, command, err, load, max_memory, out, print_grouped, print_table,
+                     run_to_file, user_errors)
 
 
 @command
@@ -56,6 +57,8 @@ def plan(
     attainment: AttainmentOpt = None,
     max_replicas: Annotated[int, typer.Option(help="The most replicas a candidate may take.", min=1)] = 64,
     as_json: Annotated[bool, typer.Option("--json", help="Print the ranked candidates as JSON.")] = False,
+    every: Annotated[bool, typer.Option("--all", help="List every candidate (default: the best per GPU and "
+                                                      "model, or the top ten).")] = False,
     out_path: Annotated[
         Optional[Path], typer.Option("--out", help="netCDF output (default: results/<config name>-plan.nc).")
     ] = None,
@@ -86,7 +89,8 @@ def plan(
     if as_json:
         typer.echo(json.dumps(plan_entries(grid, table, targets)))
         return
-    title, headers, rows, labels, notes = plan_rows(grid, table, targets, max_replicas)
-    print_table(title, headers, rows, left=labels)
+    title, headers, groups, notes = plan_rows(grid, table, targets, max_replicas, every)
+    out.print(title)
+    print_grouped(headers, groups)
     for note in notes:
-        out.print(note, soft_wrap=True)
+        out.print(note)

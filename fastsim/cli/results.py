@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from .common import command, err, fail, print_table, user_errors
+from .common import command, err, out, print_table, user_errors
 
 
 @command
@@ -27,19 +27,27 @@ def compare(
     beyond --rtol (with --drift: nothing changed); 1: a regression (the points are listed); 2: the
     datasets cannot be compared."""
     from ..analysis.compare import compare as run_compare
+    from ..analysis.compare import describe_change
 
     with user_errors():
         report = run_compare(baseline, candidate, rtol, metric, drift)
     if as_json:
         typer.echo(json.dumps(report.as_json()))
+    elif report.identical:
+        out.print(f"{candidate} and {baseline}: no change in any of the {len(report.metrics)} metrics compared",
+                  soft_wrap=True)
     else:
         def where(at: dict) -> str:
             return ", ".join(f"{k}={v}" for k, v in at.items()) or "-"
 
-        rows = [[name, "higher" if r.direction > 0 else "lower", f"{r.worst_change:+.1%}", where(r.worst_at),
-                 str(r.regressions), str(r.improvements)] for name, r in report.metrics.items()]
-        print_table(f"{candidate} against {baseline} (rtol {rtol:g}; worst change: negative is worse)",
-                    ["metric", "better", "worst change", "at", "regressed", "improved"], rows)
+        moved = {name: r for name, r in report.metrics.items() if r.worst_change != 0 or r.improvements}
+        rows = [[name, describe_change(*r.worst_values, r.direction), where(r.worst_at), str(r.regressions),
+                 str(r.improvements)] for name, r in moved.items()]
+        print_table(f"{candidate} against {baseline} (rtol {rtol:g}); per metric, the change at its worst point",
+                    ["metric", "worst change", "at", "regressed", "improved"], rows)
+        same = [name for name in report.metrics if name not in moved]
+        if same:
+            out.print(f"unchanged: {', '.join(same)}", soft_wrap=True)
         if report.regressed:
             shown = report.regressed_points[:20]
             more = ", the first 20" if len(shown) < len(report.regressed_points) else ""
@@ -47,7 +55,8 @@ def compare(
             print_table(f"{len(report.regressed_points)} {what} point(s){more}",
                         ["metric", "at", "baseline", "candidate", "change"],
                         [[p["metric"], where(p["at"]), f"{p['baseline']:.6g}", f"{p['candidate']:.6g}",
-                          f"{p['change']:+.1%}"] for p in shown])
+                          describe_change(p["baseline"], p["candidate"], report.metrics[p["metric"]].direction)]
+                         for p in shown])
     if report.regressed:
         raise typer.Exit(1)
 

@@ -141,3 +141,26 @@ def presets() -> None:
         [[name, *(f"{values[f]:g}" for f in model_fields), str(MODEL_SHAPES[name].kv_heads)]
          for name, values in MODELS.items()],
     )
+
+
+@command
+def keys(
+    section: Annotated[Optional[str], typer.Argument(help="Only this section or key (engine, workload.prompt, "
+                                                          "...).", show_default=False)] = None,
+) -> None:
+    """List every config key (what a file, --set and sweep: accept) with its kind, default and units."""
+    from ..model.keys import config_keys
+
+    from rich.table import Table
+
+    with user_errors():
+        rows = config_keys(section)
+    out.print(f"config keys{' of ' + section if section else ''} (null: unset)")
+    table = Table(box=None, header_style="bold")
+    for name in ("key", "default", "units"):
+        table.add_column(name, no_wrap=True)
+    table.add_column("kind")  # the one column that wraps, at its words, on a narrow terminal
+    for k in rows:
+        default = "null" if k.default is None else f"{k.default:g}" if isinstance(k.default, float) else str(k.default)
+        table.add_row(k.name, default, k.units, k.kind)
+    out.print(table)

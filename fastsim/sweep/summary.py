@@ -247,38 +247,71 @@ def plan_entries(grid: Grid, table: np.ndarray, targets) -> list[dict[str, Any]]
     return entries
 
 
-def plan_rows(grid: Grid, table: np.ndarray, targets, max_replicas: int
-              ) -> tuple[str, list[str], list[list[str]], int, list[str]]:
-    """(title, headers, rows, label columns, notes) for a plan: the candidates cheapest first,
-    each with the fewest replicas that meet every target and what that costs; the notes say why
-    a candidate cannot run (the table refers to them by rank)."""
+# Axes that name what a candidate runs on: the compact plan shows the best candidate of each of their values.
+HARDWARE_AXES = ("hardware.preset", "model.preset", "fleet.prefill_hardware")
+TOP = 10  # candidates the compact plan shows when the grid has no such axis
+
+
+def plan_rows(grid: Grid, table: np.ndarray, targets, max_replicas: int, every: bool = False
+              ) -> tuple[str, list[str], list[tuple[str, list[list[str]]]], list[str]]:
+    """(title, headers, groups, notes) for a plan, cheapest first: per candidate a heading (its
+    rank, settings and what binds) over one row of figures. By default only the best candidate
+    per GPU and model (the hardware and model axes' values; the top ten when the grid has none),
+    ``every``: all of them. Candidates that cannot run are grouped by reason in the notes."""
     flat = table.reshape(-1, table.shape[-1])
     metric = {name: FIRST_METRIC + k for k, name in enumerate(METRICS)}
-    dims = [key.rsplit(".", 1)[-1] for key in grid.keys]
-    rows, notes = [], []
-    for rank, i in enumerate(ranking(flat), start=1):
-        row = flat[i]
-        labels = [str(rank)] + [_label(grid.axes[j][v]) for j, v in enumerate(grid.indices(int(i)))]
+    kinds = [j for j, key in enumerate(grid.keys) if key in HARDWARE_AXES]
+    groups, seen, cannot = [], set(), {}
+    order = ranking(flat)
+    for rank, i in enumerate(order, start=1):
+        row, idx = flat[i], grid.indices(int(i))
         binding = plan_binding(grid, int(i), row, targets)
         if int(row[1]) == CANNOT_RUN:
-            notes.append(f"rank {rank}: {binding}")
-            binding = "cannot run (see below)"
+            cannot.setdefault(binding.removeprefix("cannot run: "), []).append(rank)
+            continue
+        kind = tuple(idx[j] for j in kinds)
+        if not every and (kind in seen if kinds else len(groups) >= TOP):
+            continue
+        seen.add(kind)
+        settings = ", ".join(f"{_setting(key)} {_label(grid.axes[j][v])}" for j, (key, v) in enumerate(zip(grid.keys, idx)))
+        heading = f"{rank}. {settings or 'the config'}: {binding or 'one replica meets them'}"
         if int(row[1]) != MET:
-            replicas = f"> {max_replicas}" if int(row[1]) == NEVER_MET else "-"
-            rows.append(labels + [replicas, "", "", "", "", "", "", binding])
+            groups.append((heading, [[f"> {max_replicas}", "", "", "", "", "", ""]]))
             continue
         m = {name: row[k] for name, k in metric.items()}
         attainment = m["slo_attainment"]
-        rows.append(labels + [f"{row[0]:.0f}", f"{m['gpus']:.0f}", _money(m["usd_per_hour"]), _money(m["usd_per_mtok"]),
-                              f"{m['ttft_p99_s']:.2f}s", f"{m['tpot_p99_s'] * 1e3:.1f}ms",
-                              "" if math.isnan(attainment) else f"{attainment * 100:.1f}%",
-                              binding or "(one replica meets them)"])
+        groups.append((heading, [[f"{row[0]:.0f}", f"{m['gpus']:.0f}", _money(m["usd_per_hour"]),
+                                  _money(m["usd_per_mtok"]), f"{m['ttft_p99_s']:.2f}s",
+                                  f"{m['tpot_p99_s'] * 1e3:.1f}ms",
+                                  "" if math.isnan(attainment) else f"{attainment * 100:.1f}%"]]))
+    notes = [f"{len(ranks)} candidate{'s' if len(ranks) > 1 else ''} cannot run ({_ranks(ranks)}): {reason}"
+             for reason, ranks in cannot.items()]
+    runnable = flat.shape[0] - sum(len(r) for r in cannot.values())
+    if len(groups) < runnable:
+        per = "per " + " and ".join(_setting(grid.keys[j]) for j in kinds) if kinds else f"the top {TOP}"
+        notes.append(f"{len(groups)} of {runnable} candidates shown, the best {per}; --all lists every one")
     names = [str(t) for t in targets]
     title = (f"plan: per candidate, the fewest replicas (up to {max_replicas}) meeting {' and '.join(names)}; "
-             "cheapest first")
-    headers = ["rank", *dims, "replicas", "GPUs", "$/hour", "$/Mtok", "TTFT p99", "TPOT p99", "SLO met",
-               "binding (fails with one fewer)"]
-    return title, headers, rows, len(dims) + 1, notes
+             "cheapest first; what binds follows each candidate (it fails with one replica fewer)")
+    headers = ["replicas", "GPUs", "$/hour", "$/Mtok", "TTFT p99", "TPOT p99", "SLO met"]
+    return title, headers, groups, notes
+
+
+def _setting(key: str) -> str:
+    """A candidate's axis in a few letters: its key's last part, or its section for a preset."""
+    section, _, leaf = key.rpartition(".")
+    return {"hardware": "GPU", "model": "model", "fleet": "prefill GPU"}[section] if leaf.endswith(
+        ("preset", "hardware")) else leaf
+
+
+def _ranks(ranks: list[int]) -> str:
+    """``[3, 4, 5, 9]`` -> ``'ranks 3-5, 9'``."""
+    runs, start = [], ranks[0]
+    for prev, cur in zip(ranks, [*ranks[1:], None]):
+        if cur != prev + 1:
+            runs.append(f"{start}-{prev}" if prev > start else f"{start}")
+            start = cur
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(runs)
 
 
 def _money(x: float) -> str:
