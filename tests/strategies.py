@@ -88,7 +88,7 @@ def serving_configs(draw) -> Config:
         "workload.rng": draw(st.sampled_from(["stdlib", "numpy"])),
         "workload.prompt.value": prompt,
         "workload.output.dist": draw(st.sampled_from(["lognormal", "fixed"])),
-        "workload.output.mu": draw(st.floats(0.0, 3.5)),
+        "workload.output.mu": draw(st.floats(0.0, min(3.5, math.log(o_max)))),  # a median within max
         "workload.output.max": o_max,
         "workload.output.value": draw(st.integers(1, o_max)),
         "hardware.peak_tflops": draw(st.sampled_from([None, 1.0, 50.0, 989.0])),
@@ -110,7 +110,7 @@ def serving_configs(draw) -> Config:
         v["workload.burstiness"] = draw(st.sampled_from([0.2, 1.0, 5.0]))
         v["workload.output.dist"] = draw(st.sampled_from(["fixed", "lognormal", "uniform"]))
         v["workload.prompt.dist"] = draw(st.sampled_from(["fixed", "lognormal", "uniform"]))
-        v["workload.prompt.mu"] = draw(st.floats(2.0, 5.5))
+        v["workload.prompt.mu"] = draw(st.floats(min(2.0, math.log(prompt)), min(5.5, math.log(prompt))))
         v["workload.prompt.min"] = draw(st.integers(1, prompt))
         v["workload.prompt.max"] = prompt
     limit = max_batch if v["engine.max_concurrent"] is None else min(max_batch, v["engine.max_concurrent"])

@@ -21,6 +21,7 @@ from ..strategies import close, dirty_scratch
 def configs(draw) -> Config:
     lo = draw(st.integers(1, 6))
     dist = draw(st.sampled_from(["lognormal", "fixed"]))
+    mu = draw(st.floats(0.0, 4.0))
     values = {
         "hardware.mem_bandwidth_tb_s": draw(st.floats(0.5, 5.0)),
         "model.weight_gb": draw(st.sampled_from([0.0, 1.0, 15.008])),
@@ -35,10 +36,10 @@ def configs(draw) -> Config:
         "workload.rng": draw(st.sampled_from(["stdlib", "numpy"])),
         "workload.prompt.value": draw(st.integers(0, 2000)),
         "workload.output.dist": dist,
-        "workload.output.mu": draw(st.floats(0.0, 4.0)),
+        "workload.output.mu": mu,
         "workload.output.sigma": draw(st.floats(0.0, 1.5)),
         "workload.output.min": lo,
-        "workload.output.max": draw(st.integers(lo, 80)),
+        "workload.output.max": draw(st.integers(max(lo, math.ceil(math.exp(mu))), 80)),  # a median within max
         "workload.output.value": draw(st.integers(1, 30)),
     }
     if values["workload.rng"] == "numpy":  # the stdlib stream is the lesson's shapes only
@@ -47,6 +48,7 @@ def configs(draw) -> Config:
         values["workload.prompt.dist"] = draw(st.sampled_from(["fixed", "lognormal", "uniform"]))
         values["workload.prompt.min"] = draw(st.integers(0, 100))
         values["workload.prompt.max"] = draw(st.integers(100, 3000))
+        values["workload.prompt.mu"] = draw(st.floats(2.0, math.log(values["workload.prompt.max"])))
         values["workload.output.dist"] = draw(st.sampled_from(["fixed", "lognormal", "uniform"]))
     return Config().with_values(values)
 

@@ -39,7 +39,7 @@ def test_stdlib_stream_is_the_lessons():
 @given(st.sampled_from(["stdlib", "numpy"]), st.integers(1, 200), st.integers(0, 10**6))
 def test_shapes_and_bounds(rng, n, seed):
     w = Config().with_values({"workload.rng": rng, "workload.n_requests": n, "workload.seed": seed,
-                              "workload.output.min": 3, "workload.output.max": 50}).workload
+                              "workload.output.mu": 3.5, "workload.output.min": 3, "workload.output.max": 50}).workload
     tr = generate(w)
     assert len(tr) == n and (np.diff(tr.arrival_s) >= 0).all() and (tr.arrival_s > 0).all()
     assert tr.output_tokens.min() >= 3 and tr.output_tokens.max() <= 50
