@@ -293,10 +293,10 @@ def run_grid(
     else:
         warm_up(grid, batched)  # compile or load once, before threads call the kernels
         results = _threads(grid, blocks, task, workers)
-    cost = SECONDS_PER_POINT + grid.requests_per_point() * task.seconds_per_request if on_progress else None
-    work_total = float(cost.sum()) if on_progress else 1.0
-    work = work_total - float(cost[todo].sum()) if on_progress else 0.0
     if on_progress:  # the bar starts (and its thread) once any worker process was forked
+        cost = SECONDS_PER_POINT + grid.requests_per_point() * task.seconds_per_request  # estimated, per point
+        work_total = float(cost.sum())
+        work = work_total - float(cost[todo].sum())
         on_progress(n_done, grid.size, work / work_total)
     try:
         for indices, rows in results:
