@@ -61,3 +61,10 @@ def test_huge_draws_clamp_to_max_without_an_overflow_warning():
         warnings.simplefilter("error")
         out = generate(w).output_tokens
     assert out.max() == 50 and out.min() == 1
+
+
+def test_a_median_at_max_is_accepted_despite_rounding():
+    from fastsim.model.lengths import Output
+
+    assert Output(mu=math.log(3), min=1, max=3).mu == math.log(3)  # e^ln(3) is 3.0000000000000004
+    assert Output(mu=3.6e-170, max=1).max == 1  # e^mu is 1.0
