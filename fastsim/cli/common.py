@@ -158,7 +158,7 @@ def print_grouped(headers: list[str], groups: list[tuple[str, list[list[str]]]])
     one set of columns: the first a label, the others right-aligned, the headers once on top."""
     widths = [max([len(h), *(len(r[j]) for _, rows in groups for r in rows)]) for j, h in enumerate(headers)]
     for n, (heading, rows) in enumerate(groups):
-        out.print(heading, soft_wrap=True)
+        out.print(heading)  # wraps at words on a narrow terminal, like the notes
         table = Table(box=None, header_style="bold", show_header=n == 0, pad_edge=True)
         for j, h in enumerate(headers):
             table.add_column(h, justify="left" if j == 0 else "right", no_wrap=True, min_width=widths[j])
