@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
+from ._atomic import atomic_path, check_writable
 from .analysis.capacity import RATE, CapacitySearch
 from .analysis.plan import MAX_REPLICAS, REPLICAS, PlanSearch
 from .analysis.simulation import Result, simulate
@@ -17,9 +18,10 @@ from .engine import checks
 from .model.loading import read_config
 from .model.schema import Config, ConfigError
 from .sweep import io, memory
+from .sweep.checkpoint import Checkpoint
 from .sweep.files import output_lock
 from .sweep.grid import Grid, build_grid
-from .sweep.runner import Progress, Task, run_grid
+from .sweep.runner import Progress, Task, check_scheduler, run_grid
 
 if TYPE_CHECKING:
     import xarray as xr
@@ -39,7 +41,9 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Co
 
 def _fits(grid: Grid, workers: int | None, scheduler: str | None, max_memory: int | None, points: int) -> Grid:
     """Check that the grid's largest point fits in memory on every local worker, beside a table
-    of ``points`` points; returns the grid."""
+    of ``points`` points, and that ``scheduler`` is one; returns the grid."""
+    if scheduler is not None:
+        check_scheduler(scheduler)
     largest = grid.base.at({"workload.n_requests": grid.max_requests, "workload.trace": None})
     local = scheduler is None or scheduler == "local"
     memory.check(largest, (workers or os.cpu_count() or 1) if local else 0, points, max_memory)
@@ -80,12 +84,20 @@ def _to_file(grid: Grid, task: Task | None, out: Path, workers: int | None, sche
              on_progress: Progress | None, layout: Callable[[np.ndarray], io.Layout]) -> np.ndarray:
     """Run ``task`` on every point of ``grid`` under a lock on ``out``, checkpointed beside it,
     write ``layout(table)`` to ``out`` and drop the checkpoint; returns the table."""
+    check_writable(out, "--out")
     partial = checkpoint_path(out)
     with output_lock(out):
+        if partial.exists() and not partial.is_file():
+            raise ConfigError(f"{partial}: not a file (this run's checkpoint goes there); remove it")
         if partial.exists() and not resume:
             raise ConfigError(f"{partial}: an interrupted run left this; pass --resume to continue it, or delete it")
-        table = run_grid(grid, workers, scheduler, checkpoint=partial, resume=resume, on_progress=on_progress,
-                         task=task)
+        try:
+            table = run_grid(grid, workers, scheduler, checkpoint=partial, resume=resume, on_progress=on_progress,
+                             task=task)
+        except BaseException:
+            if Checkpoint.is_empty(partial):  # nothing finished: nothing to resume
+                partial.unlink(missing_ok=True)
+            raise
         layout(table).write(out)
         partial.unlink()
     return table
@@ -171,16 +183,22 @@ def plan_to_file(
     return grid, table
 
 
-def calibrate(config: Config, measured: list[str | Path], fit: list[str] | None = None, out: str | Path | None = None):
+def calibrate(config: Config, measured: list[str | Path], fit: list[str] | None = None, out: str | Path | None = None,
+              on_read: Callable[[list], None] | None = None):
     """Fit ``config``'s calibration (the keys ``fit``, default every one) to the runs of the
     ``measured`` files (:mod:`fastsim.analysis.measured`); write the fitted ``calibration:``
-    section to ``out`` (YAML, atomically) when given. Returns the
-    :class:`~fastsim.analysis.calibrate.Fit`."""
+    section to ``out`` (YAML, atomically) when given. ``on_read(runs)`` is told the runs read,
+    before the fit starts. Returns the :class:`~fastsim.analysis.calibrate.Fit`."""
     from .analysis import calibrate as fitting
     from .analysis.measured import read
-    from .sweep.files import atomic_path
 
-    result = fitting.fit(read([Path(m) for m in measured], config), fitting.fit_keys(fit))
+    keys = fitting.fit_keys(fit)
+    if out is not None:
+        check_writable(out, "--out")
+    runs = read([Path(m) for m in measured], config)
+    if on_read is not None:
+        on_read(runs)
+    result = fitting.fit(runs, keys)
     if out is not None:
         with atomic_path(Path(out)) as tmp:
             tmp.write_text(fitting.calibration_yaml(result))

@@ -90,6 +90,9 @@ def open_dataset(path: Path):
         raise ConfigError(f"{path}: not a netCDF dataset ({type(exc).__name__})") from None
     if "fastsim_version" not in ds.attrs:
         raise ConfigError(f"{path}: not a fastsim dataset (no fastsim_version attribute)")
+    if "request" in ds.dims:
+        raise ConfigError(f"{path}: per-request results (fastsim run --requests-out), not a sweep, capacity or "
+                          "plan dataset")
     return ds
 
 

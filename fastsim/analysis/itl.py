@@ -89,20 +89,28 @@ def _steps(runs, whole, cr, ca, cb):
 def _sample(k, runs, whole, cr, ca, cb, gaps, size):
     """About ``size`` of the runs' stretches and gaps, evenly spaced: each stands for its gaps
     at the value of one of its steps, spread over the stretch (a golden-ratio sequence), so a long
-    stretch that spans a window does not pile its weight at its middle. Returns (values, weights)."""
+    stretch that spans a window does not pile its weight at its middle. Fewer stretches than
+    ``size`` give several steps each (a few long stretches still narrow the windows: one
+    request of 10^8 tokens is one stretch). Returns (values, weights)."""
     nc = runs.shape[0] if whole else cr.size
     sc = min(nc, size)
+    per = size // sc if sc else 1  # steps sampled per stretch: 1 unless the stretches are few
     sg = min(gaps.size, size)
-    values = np.empty(sc + sg)
-    weights = np.empty(sc + sg)
-    for t in range(sc):
-        r, ja, jb = _stretch(runs, whole, cr, ca, cb, t * nc // sc)
-        values[t] = _duration(k, runs, r, ja + int((t * GOLDEN) % 1.0 * (jb - ja + 1)))
-        weights[t] = (jb - ja + 1) * run_w(runs, r) * (nc / sc)
-    for t in range(sg):
-        values[sc + t] = gaps[t * gaps.size // sg]
-        weights[sc + t] = gaps.size / sg
-    return values, weights
+    values = np.empty(sc * per + sg)
+    weights = np.empty(sc * per + sg)
+    t = 0
+    for s in range(sc):
+        r, ja, jb = _stretch(runs, whole, cr, ca, cb, s * nc // sc)
+        length = jb - ja + 1
+        m = min(per, length)
+        for q in range(m):
+            values[t] = _duration(k, runs, r, ja + int(((s * per + q) * GOLDEN) % 1.0 * length))
+            weights[t] = length * run_w(runs, r) * (nc / sc) / m
+            t += 1
+    for u in range(sg):
+        values[t + u] = gaps[u * gaps.size // sg]
+        weights[t + u] = gaps.size / sg
+    return values[:t + sg], weights[:t + sg]
 
 
 @inline
@@ -335,8 +343,8 @@ def _windows(values: np.ndarray, weights: np.ndarray, fractions: np.ndarray, wid
 def _select(k, runs, cr, ca, cb, gaps, ranks: np.ndarray, count: int, parent: int = -1) -> list[float]:
     """The values of 0-based ``ranks`` among the ``count`` gaps of the stretches (cr, ca..cb:
     run, first and last step; None: every run whole) and ``gaps``; ``parent``: the gaps one
-    narrowing before (when this one kept them all, windows stop helping: the steps are listed
-    whatever their number)."""
+    narrowing before, when that one could cut runs (when this one kept them all, windows stop
+    helping: the steps are listed whatever their number)."""
     whole = cr is None
     if whole:
         cr = ca = cb = NONE
@@ -353,7 +361,7 @@ def _select(k, runs, cr, ca, cb, gaps, ranks: np.ndarray, count: int, parent: in
         kept = np.zeros(todo.size, np.int64)
         windows = todo.size + todo.size % 2 if whole else todo.size  # whole: two windows a pass
         if whole:  # room for as many runs as the sample puts in a window (else a second pass)
-            sampled = values[:min(runs.shape[0], SAMPLES)]  # the sample's runs; its gaps follow
+            sampled = values[:values.size - min(gaps.size, SAMPLES)]  # the sample's runs; its gaps follow
             share = max(np.count_nonzero((sampled >= lo) & (sampled <= hi)) for lo, hi in zip(lows, highs))
             room = max(room, int(ROOM_MARGIN * share / sampled.size * runs.shape[0]))
         # the kept runs, copied (and the spare slot _split_whole writes to)
@@ -385,7 +393,10 @@ def _select(k, runs, cr, ca, cb, gaps, ranks: np.ndarray, count: int, parent: in
                 if lows[i] == highs[i] and not whole:  # every kept step has that value
                     found = float(lows[i])
                 else:
-                    found = _select(k, sub, each, ka[i, rows], kb[i, rows], inside, np.array([rank]), size, count)[0]
+                    # from runs kept whole, the next narrowing is the first that can cut one: it
+                    # keeping every step is no sign that windows stop helping
+                    found = _select(k, sub, each, ka[i, rows], kb[i, rows], inside, np.array([rank]), size,
+                                    -1 if whole else count)[0]
             if lows[i] <= found <= highs[i]:  # runs kept whole: the answer must also lie in the window
                 out[t] = found
             else:

@@ -30,7 +30,8 @@ import numpy as np
 
 from ..engine import checks
 from ..engine.traffic import Traffic, generate
-from ..model.loading import parse_override
+from ..model.fields import LARGEST
+from ..model.loading import not_utf8, parse_override
 from ..model.schema import LEAF_KEYS, Config, ConfigError
 from .metrics import METRICS
 
@@ -56,10 +57,14 @@ def _checked(config: Config, settings: dict[str, Any], where: str) -> Config:
 def read_csv(path: Path, config: Config) -> list[Measured]:
     """One run per row of a CSV of config keys and measured metrics."""
     try:
-        with open(path, newline="") as f:
+        with open(path, newline="", encoding="utf-8") as f:
             rows = list(csv.reader(f))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(not_utf8(path, exc)) from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
+    except csv.Error as exc:
+        raise ConfigError(f"{path}: not a CSV file ({exc})") from None
     if not rows:
         raise ConfigError(f"{path}: empty (expected a header of config keys and metric names)")
     header = [c.strip() for c in rows[0]]
@@ -82,7 +87,11 @@ def read_csv(path: Path, config: Config) -> list[Measured]:
             if column in METRICS:
                 measured[column] = _measurement(path, line, column, cell)
             elif cell:
-                settings[column] = parse_override(f"{column}={cell}")[1]
+                try:
+                    settings[column] = parse_override(f"{column}={cell}")[1]
+                except ConfigError:
+                    raise ConfigError(f"{path}: row {line}, column {column}: cannot read {cell!r} (a value as "
+                                      f"--set reads it: a number, a name or null)") from None
         runs.append(Measured(f"{path.name} row {line}", settings,
                              _checked(config, settings, f"{path}: row {line}"), measured))
     if not runs:
@@ -108,7 +117,9 @@ CENTRAL = {"mean": "mean", "median": "p50"}
 def read_vllm_json(path: Path, config: Config) -> Measured:
     """One run from a ``vllm bench serve --save-result`` JSON file."""
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(not_utf8(path, exc)) from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
     except json.JSONDecodeError as exc:
@@ -119,19 +130,18 @@ def read_vllm_json(path: Path, config: Config) -> Measured:
         raise ConfigError(f"{path}: max_concurrency {data['max_concurrency']}: a client that holds requests back "
                           "(a closed loop) is not modelled; measure with --max-concurrency unset")
     rate = data["request_rate"]
-    burstiness = float(data.get("burstiness", 1.0))
-    try:
-        inputs = np.asarray(data["input_lens"], dtype=np.int64)
-        outputs = np.asarray(data["output_lens"], dtype=np.int64)
-    except KeyError as exc:
-        raise ConfigError(f"{path}: no {exc.args[0]} (save the result with --save-detailed)") from None
-    except (TypeError, ValueError):
-        raise ConfigError(f"{path}: input_lens and output_lens must be lists of token counts") from None
-    n = int(data.get("num_prompts", inputs.size))
+    burstiness = data.get("burstiness", 1.0)
+    if not _is_number(burstiness) or not 0 < burstiness < math.inf:
+        raise ConfigError(f"{path}: burstiness {burstiness!r} is not a positive number (1: Poisson arrivals)")
+    inputs, outputs = (_token_counts(path, data, key) for key in ("input_lens", "output_lens"))
+    n = data.get("num_prompts", int(inputs.size))
+    if not _is_number(n) or not math.isfinite(n) or n != int(n):
+        raise ConfigError(f"{path}: num_prompts {n!r} is not a whole number of requests")
+    n = int(n)
     if inputs.size != outputs.size or inputs.size != n:
         raise ConfigError(f"{path}: {inputs.size} input_lens and {outputs.size} output_lens for num_prompts {n}")
-    if n < 1 or inputs.min() < 1 or outputs.min() < 1:
-        raise ConfigError(f"{path}: input_lens and output_lens must be at least 1 token each")
+    if n < 1:
+        raise ConfigError(f"{path}: num_prompts {n}: no requests")
     measured = {}
     for vllm, ours in VLLM_METRICS.items():
         for stat, q in CENTRAL.items():
@@ -143,8 +153,8 @@ def read_vllm_json(path: Path, config: Config) -> Measured:
                 measured[name] = value / 1e3
     if not measured:
         raise ConfigError(f"{path}: no measured mean_ or median_ of ttft_ms, tpot_ms, itl_ms or e2el_ms")
-    at_once = rate == "inf" or (isinstance(rate, (int, float)) and math.isinf(rate))
-    if not at_once and not (isinstance(rate, (int, float)) and rate > 0):
+    at_once = rate == "inf" or (_is_number(rate) and math.isinf(rate))
+    if not at_once and not (_is_number(rate) and rate > 0):
         raise ConfigError(f"{path}: request_rate {rate!r} is neither a positive number nor \"inf\"")
     settings = {"workload.n_requests": n, "workload.rate": 1.0 if at_once else float(rate), "workload.rng": "numpy",
                 "workload.arrival": "poisson" if burstiness == 1 else "gamma", "workload.burstiness": burstiness,
@@ -156,6 +166,23 @@ def read_vllm_json(path: Path, config: Config) -> Measured:
     return Measured(path.name, {k: settings[k] for k in ("workload.n_requests", "workload.rate",
                                                           "workload.arrival", "workload.burstiness")},
                     run, measured, Traffic(arrival, inputs, outputs))
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _token_counts(path: Path, data: dict, key: str) -> np.ndarray:
+    """The list ``data[key]`` of token counts, each a whole number from 1 to 2^53."""
+    if key not in data:
+        raise ConfigError(f"{path}: no {key} (save the result with --save-detailed)")
+    values = data[key]
+    if not isinstance(values, list):
+        raise ConfigError(f"{path}: {key} is not a list of token counts (got {type(values).__name__})")
+    for j, v in enumerate(values):
+        if not _is_number(v) or v != int(v) or not 1 <= v <= LARGEST:
+            raise ConfigError(f"{path}: {key}[{j}] = {v!r} is not a token count (a whole number from 1 to 2^53)")
+    return np.array(values, dtype=np.int64)
 
 
 def read(paths: list[Path], config: Config) -> list[Measured]:

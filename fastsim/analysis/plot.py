@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from .._atomic import atomic_path, check_writable
 from ..model.schema import ConfigError
 from .compare import open_dataset
 
@@ -61,17 +62,15 @@ def _writable(out: Path, fig) -> Path:
     if kind not in formats:
         raise ConfigError(f"--out {out}: unknown figure format {out.suffix or '(none)'!r} "
                           f"(one of: {', '.join('.' + f for f in sorted(formats))})")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"--out {out}: cannot create {out.parent} ({exc.strerror or exc})") from None
+    check_writable(out, "--out")
     return out
 
 
 def _defaults(ds, x: str | None, hue: str | None, col: str | None) -> tuple[str, str | None, str | None]:
     """x, hue and col: as given, else from the axes with several values in the dataset's order."""
     several = [d for d in ds.dims if ds.sizes[d] > 1]
-    x = x or ("rate" if "rate" in ds.dims else (several or list(ds.dims) or [None])[0])
+    free = [d for d in ("rate", *several, *ds.dims) if d in ds.dims and d not in (hue, col)]
+    x = x or (free or [None])[0]
     rest = [d for d in several if d not in (x, hue, col)]
     if hue is None and rest:
         hue = rest.pop(0)
@@ -119,9 +118,18 @@ def figure(path: Path, out: Path, x: str | None = None, ys: list[str] | None = N
     for y in ys:
         if y not in ds.data_vars:
             raise ConfigError(f"--y {y}: not a metric of {path} (metrics: {', '.join(ds.data_vars)})")
+    roles: dict[str, str] = {}
     for role, axis in (("--x", x), ("--hue", hue), ("--col", col)):
         if axis is not None and axis not in ds.dims:
             raise ConfigError(f"{role} {axis}: not an axis of {path} (axes: {', '.join(ds.dims) or 'none'})")
+        if axis is not None and axis in roles:
+            raise ConfigError(f"{role} {axis}: already drawn as {roles[axis]}; give each axis one role")
+        if axis is not None:
+            roles[axis] = role
+    for y in ys:
+        if ds[y].dtype.kind not in "fiub":
+            raise ConfigError(f"--y {y}: not a number to plot ({ds[y].attrs.get('long_name', 'text')}); "
+                              f"numeric metrics: {', '.join(v for v in ds.data_vars if ds[v].dtype.kind in 'fiub')}")
     if plan:
         fig = _plan_figure(plt, ds, ys)
     else:
@@ -137,9 +145,10 @@ def figure(path: Path, out: Path, x: str | None = None, ys: list[str] | None = N
     fig.suptitle(textwrap.fill(title, int(fig.get_size_inches()[0] * 11)), fontsize="medium")
     fig.tight_layout()
     try:
-        fig.savefig(out, dpi=110)
+        with atomic_path(out) as tmp:
+            fig.savefig(tmp, dpi=110, format=out.suffix.lower().lstrip("."))
     except OSError as exc:
-        raise ConfigError(f"--out {out}: cannot write ({exc.strerror or exc})") from None
+        raise ConfigError(f"--out {out}: cannot write ({exc.strerror or exc}); nothing was written") from None
     finally:
         plt.close(fig)
     return out

@@ -40,9 +40,14 @@ def parse_target(text: str) -> Target:
     if metric not in METRICS:
         raise ConfigError(f"--target {text!r}: unknown metric {metric!r} (valid: {', '.join(METRICS)})")
     try:
-        return Target(metric, op, float(value))
+        bound = float(value)
     except ValueError:
         raise ConfigError(f"--target {text!r}: {value!r} is not a number") from None
+    if not math.isfinite(bound):
+        raise ConfigError(f"--target {text!r}: the bound must be a finite number")
+    if op == "<=" and bound < 0:
+        raise ConfigError(f"--target {text!r}: can never hold ({metric} is never negative)")
+    return Target(metric, op, bound)
 
 
 def default_targets(config: Config, attainment: float | None, what: str = "capacity") -> list[Target]:

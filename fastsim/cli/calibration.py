@@ -36,10 +36,13 @@ def calibrate(
     started = time.perf_counter()
     with user_errors():
         cfg = load(config, set_)
-        if not as_json:
-            err.print(f"fitting {fit or 'every calibration key'} to {len(measured)} file(s) ...")
+
+        def on_read(runs: list) -> None:
+            if not as_json:
+                err.print(f"fitting {fit or 'every calibration key'} to {len(runs)} run(s) of {len(measured)} file(s) ...")
+
         try:
-            result = run_calibrate(cfg, measured, fit.split(",") if fit else None, destination)
+            result = run_calibrate(cfg, measured, fit.split(",") if fit else None, destination, on_read)
         except OSError as exc:
             raise fail(f"{destination}: {exc.strerror or exc}") from None
     err.print(f"wrote {destination} ({len(result.runs)} runs, {result.evaluations} evaluations in "

@@ -6,10 +6,13 @@ from __future__ import annotations
 import contextlib
 import inspect
 import sys
+import warnings
 from pathlib import Path
 from typing import Annotated, Callable, Iterator, Optional
 
 import typer
+import typer.core
+import typer.exceptions
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -26,8 +29,33 @@ from rich.text import Text
 from ..analysis.metrics import METRICS
 from ..model.loading import parse_override
 from ..model.schema import Config, ConfigError
+from ..sweep.checkpoint import ResumeWarning
+
+
+class _OneLineErrors(typer.core.TyperGroup):
+    """Usage errors (an unknown option, a value out of range, a missing argument) as one line
+    on stderr with exit code 2, like every other bad input, instead of click's boxed usage."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except typer.exceptions.TyperException as exc:  # click's errors (typer vendors click)
+            ctx = getattr(exc, "ctx", None)
+            command = ctx.command_path if ctx is not None else "fastsim"
+            cause = exc.__cause__  # typer checks a value with pydantic: the value it refused
+            got = f" (got {cause.errors()[0]['input']!r})" if hasattr(cause, "errors") and cause.errors() else ""
+            typer.echo(f"error: {' '.join(exc.format_message().split())}{got} (see {command} --help)", err=True)
+            sys.exit(getattr(exc, "exit_code", 2))
+        except typer.Abort:
+            typer.echo("error: aborted", err=True)
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
+
 
 app = typer.Typer(
+    cls=_OneLineErrors,
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
@@ -37,6 +65,19 @@ app = typer.Typer(
 # stderr wrap at word boundaries on a terminal, and not at all elsewhere (a log keeps each whole).
 out = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
 err = Console(stderr=True, highlight=False, soft_wrap=not sys.stderr.isatty())
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """fastsim's own warnings (a damaged checkpoint's records rerun) as one line on stderr."""
+    if issubclass(category, ResumeWarning):
+        err.print(f"warning: {message}")
+    else:
+        _python_show_warning(message, category, filename, lineno, file, line)
+
+
+_python_show_warning = warnings.showwarning
+warnings.showwarning = _show_warning
+warnings.simplefilter("always", ResumeWarning)  # each resume says so, not only a process's first
 
 
 def command(fn: Callable) -> Callable:
@@ -220,6 +261,6 @@ def run_to_file(label: str, quiet: bool, destination: Path,
     except KeyboardInterrupt:
         raise fail(f"interrupted{kept(destination)}", 130) from None
     except OSError as exc:
-        raise fail(f"{destination}: {exc.strerror or exc}") from None
+        raise fail(f"{destination}: {exc.strerror or exc}{kept(destination)}") from None
     finally:
         bar.stop()

@@ -9,6 +9,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from ..model.schema import LARGEST_POOL
+
 from .common import (AttainmentOpt, ConfigArg, MaxMemoryOpt, QuietOpt, ResumeOpt, SchedulerOpt, SetOpt, TargetOpt,
                      WorkersOpt, command, err, load, max_memory, out, print_grouped, print_table,
                      run_to_file, user_errors)
@@ -55,7 +57,8 @@ def plan(
     set_: SetOpt = None,
     target: TargetOpt = None,
     attainment: AttainmentOpt = None,
-    max_replicas: Annotated[int, typer.Option(help="The most replicas a candidate may take.", min=1)] = 64,
+    max_replicas: Annotated[int, typer.Option(help="The most replicas a candidate may take.", min=1,
+                                                    max=LARGEST_POOL)] = 64,
     as_json: Annotated[bool, typer.Option("--json", help="Print the ranked candidates as JSON.")] = False,
     every: Annotated[bool, typer.Option("--all", help="List every candidate (default: the best per GPU and "
                                                       "model, or the top ten).")] = False,

@@ -28,6 +28,7 @@ def run(
     max_memory_: MaxMemoryOpt = None,
 ) -> None:
     """Simulate one scenario (the config's base values; its sweep grid is ignored)."""
+    from .._atomic import check_writable
     from ..analysis.metrics import METRICS
     from ..api import simulate
     from ..sweep import memory
@@ -36,6 +37,8 @@ def run(
     with user_errors():
         cfg = load(config, set_)
         memory.check(cfg, limit=max_memory(max_memory_))
+        if requests_out is not None:
+            check_writable(requests_out, "--requests-out")
         result = simulate(cfg)
     if requests_out is not None:
         from ..sweep.io import requests_layout
@@ -83,15 +86,20 @@ def sweep(
 
 @command
 def bench(
-    n: Annotated[int, typer.Option("--n", help="Requests per run.", min=1)] = 1_000_000,
-    repeats: Annotated[int, typer.Option(help="Timed runs per case (best is kept).", min=1)] = 5,
-    sweep_points: Annotated[int, typer.Option(help="Points of the sweep-overhead grid.", min=4)] = 20_000,
+    n: Annotated[int, typer.Option("--n", help="Requests per run.", min=1, max=10**9)] = 1_000_000,
+    repeats: Annotated[int, typer.Option(help="Timed runs per case (best is kept).", min=1, max=1000)] = 5,
+    sweep_points: Annotated[int, typer.Option(help="Points of the sweep-overhead grid.", min=4, max=10**7)] = 20_000,
     cold: Annotated[bool, typer.Option(help="Also time a first run from an empty Numba cache (~15 s).")] = True,
 ) -> None:
     """Measure the simulator's own speed: simulated requests/s per policy, rate and fleet, one core."""
     from ..bench import BenchCheckFailed, cold_start, sweep_overhead, traffic_costs
     from ..bench import bench as run_bench
 
+    from ..model.schema import Config
+    from ..sweep import memory
+
+    with user_errors():
+        memory.check(Config().at({"workload.n_requests": n}))
     err.print(f"benchmarking {n:,} requests per run (numpy traffic), best of {repeats}...")
     try:
         rows = run_bench(n, repeats=repeats)

@@ -5,7 +5,8 @@ sweep). Each refuses with :class:`ConfigError`, naming the keys and the numbers.
 The schema (:mod:`fastsim.model.schema`) checks fields alone; what needs several sections, the
 cost model or a trace file is here: the token budget against the running limit (vLLM's rule), a
 shared prefix shorter than every prompt, tensor parallelism that divides the KV heads and has a
-link to cost, weights that fit in memory, a longest request that fits in the KV cache, the
+link to cost, weights that fit in memory, a step cost that stays finite (one step of the
+longest request within a year), a longest request that fits in the KV cache, the
 fleet's prefill pool (continuous only, its own tp, hardware and budget) and routers that need
 continuous batching.
 """
@@ -17,7 +18,7 @@ from typing import Callable
 import numpy as np
 
 from ..model import fleet
-from ..model.cost import kv_blocks, kv_capacity_gb
+from ..model.cost import COEFFICIENT_KEYS, coefficients, kv_blocks, kv_capacity_gb
 from ..model.presets import MODEL_SHAPES
 from ..model.schema import Config, ConfigError
 from . import trace
@@ -32,10 +33,11 @@ def _workload_is_whole(config: Config) -> None:
             raise ConfigError(f"workload.{key}: null (as recorded) needs a workload.trace")
     if w.rng == "stdlib":  # the lesson's stream: Poisson arrivals, fixed prompts, its output lengths
         for key, value, lesson in (("arrival", w.arrival, "poisson"), ("prompt.dist", w.prompt.dist, "fixed"),
-                                   ("output.dist", w.output.dist, "lognormal or fixed"), ("trace", w.trace, None)):
+                                   ("output.dist", w.output.dist, "lognormal or fixed"), ("trace", w.trace, "")):
             if value is not None and value not in lesson.split(" or "):
+                has = f"{key} {lesson}" if lesson else f"no {key}"
                 raise ConfigError(f"workload.{key}: {value!r} needs workload.rng: numpy "
-                                  f"(the lesson's stdlib stream has {key} {lesson})")
+                                  f"(the lesson's stdlib stream has {has})")
 
 
 def _names(config: Config, prefill: bool) -> Callable[[str], str]:
@@ -75,6 +77,7 @@ def _engine_runs(config: Config, output_max: int, prefill: bool = False) -> None
                                   ("model.hidden", m.hidden)) if v is None]
         if missing:
             raise ConfigError(f"{key('engine.tp')} ({e.tp}) > 1 needs {' and '.join(missing)} for the all-reduce cost")
+    _steps_are_finite(config, w.prompt.largest + output_max if w.trace is None else 1, key)
     capacity = kv_capacity_gb(config)
     if capacity is not None and capacity <= 0:
         raise ConfigError(
@@ -84,6 +87,22 @@ def _engine_runs(config: Config, output_max: int, prefill: bool = False) -> None
         )
     if w.trace is None:
         longest_fits(config, w.prompt.largest, output_max, f"{pool}workload.prompt {w.prompt.largest} + output")
+
+
+YEAR_S = 365.25 * 86400
+
+
+def _steps_are_finite(config: Config, tokens: int, key: Callable[[str], str]) -> None:
+    """Refuse a step cost that overflows or is beyond any planning horizon: one step of
+    ``tokens`` tokens (the longest request) taking more than a year."""
+    k = coefficients(config)
+    with np.errstate(over="ignore", invalid="ignore"):
+        terms = k * np.array([1, 1, tokens, tokens, float(tokens) ** 2, 1, tokens])
+    worst = int(np.argmax(np.where(np.isfinite(terms), terms, np.inf)))
+    if not terms[worst] <= YEAR_S:
+        names = ", ".join(key(n) for n in COEFFICIENT_KEYS[worst].split(", "))
+        raise ConfigError(f"one step of the longest request ({tokens:,} tokens) would take {terms[worst]:.3g} s, "
+                          f"more than a year: check {names}, and the lengths of workload.prompt and workload.output")
 
 
 def _can_run(config: Config) -> None:
@@ -118,8 +137,13 @@ def longest_fits(config: Config, prompt: int, output: int, what: str) -> None:
         raise ConfigError(
             f"workload: the longest request ({what} {output} = {prompt + output} tokens) does not fit in "
             f"the KV cache ({blocks} blocks of engine.block_tokens {e.block_tokens} = {blocks * e.block_tokens} "
-            f"tokens, {kv_capacity_gb(config):.3g} GB)"
+            f"tokens: {_capacity(config)} at model.kv_bytes_per_token {config.model.kv_bytes_per_token:g})"
         )
+
+
+def _capacity(config: Config) -> str:
+    gb = kv_capacity_gb(config)
+    return f"engine.kv_cache_gb {gb:.3g} GB" if config.engine.kv_cache_gb is not None else f"{gb:.3g} GB"
 
 
 def _trace_fits(config: Config) -> None:
@@ -134,6 +158,7 @@ def _trace_fits(config: Config) -> None:
     for engine, out, pool in engines:
         longest = int(np.argmax(prompt + out))
         row = f"{pool}{recorded.path}: row {recorded.lines[longest]} (prompt {prompt[longest]} + output"
+        _steps_are_finite(engine, int(prompt[longest] + out[longest]), _names(config, bool(pool)))
         longest_fits(engine, int(prompt[longest]), int(out[longest]), row)
     prefix = config.workload.prefix_tokens
     if prefix and prefix >= prompt.min():

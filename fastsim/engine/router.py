@@ -12,14 +12,14 @@ from __future__ import annotations
 import numpy as np
 
 from .._jit import inline
-from ..model.schema import ROUTERS
+from ..model.schema import ROUTERS, STATIC_ROUTERS
 
 ROUND_ROBIN, RANDOM, LEAST_OUTSTANDING, LEAST_KV = range(4)
 CODES = {"round_robin": ROUND_ROBIN, "random": RANDOM, "least_outstanding": LEAST_OUTSTANDING, "least_kv": LEAST_KV}
 """Router name (:data:`fastsim.model.schema.ROUTERS`) -> the code the pool kernel takes."""
 assert tuple(CODES) == ROUTERS
 
-STATIC = frozenset({"round_robin", "random"})  # decide without looking at the replicas
+STATIC = frozenset(STATIC_ROUTERS)  # decide without looking at the replicas
 
 
 def assign(router: str, replicas: int, routes: np.ndarray) -> np.ndarray:

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..model.fields import LARGEST
+from ..model.loading import not_utf8
 from ..model.schema import ConfigError, Workload
 
 FORMATS = {
@@ -58,6 +60,9 @@ def _token_count(path: str, line: int, column: str, text: str, least: int) -> in
     if value < least:
         what = "negative" if value < 0 else "zero"
         raise ConfigError(f"{path}: row {line}, column {column}: {what} token count ({value}); at least {least}")
+    if value > LARGEST:
+        raise ConfigError(f"{path}: row {line}, column {column}: {value:.3g} tokens is beyond the largest count "
+                          f"fastsim holds (2^53, {LARGEST:.2g})")
     return value
 
 
@@ -68,7 +73,9 @@ def _read(path: str, mtime_ns: int, size: int) -> Trace:
             rows = list(csv.reader(f))
     except OSError as exc:
         raise ConfigError(f"workload.trace: {path}: cannot read ({exc.strerror})") from None
-    except (UnicodeDecodeError, csv.Error) as exc:
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"workload.trace: {not_utf8(path, exc)}") from None
+    except csv.Error as exc:
         raise ConfigError(f"workload.trace: {path}: not a CSV text file ({exc})") from None
     header = tuple(c.strip() for c in rows[0]) if rows else ()
     kind = FORMATS.get(header)

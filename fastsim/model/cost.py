@@ -23,6 +23,7 @@ import math
 import numpy as np
 
 from .._jit import inline
+from .fields import LARGEST, ConfigError
 from .schema import Config
 
 # Indices into the coefficient vector a kernel gets.
@@ -47,6 +48,18 @@ def coefficients(config: Config) -> np.ndarray:
         k[T_LINK] = 2 * m.n_layers * hw.link_latency_us * 1e-6
         k[T_LINK_TOKEN] = 2 * m.n_layers * 2 * (e.tp - 1) / e.tp * m.hidden * 2 / (hw.link_gb_s * 1e9)
     return k
+
+
+# The keys each coefficient is made of, for an error that names them.
+COEFFICIENT_KEYS = {
+    OVERHEAD: "calibration.step_overhead_ms, calibration.layer_overhead_us",
+    T_WEIGHTS: "model.weight_gb, hardware.mem_bandwidth_tb_s",
+    T_KV: "model.kv_bytes_per_token, hardware.mem_bandwidth_tb_s",
+    T_TOKEN: "model.params_b, hardware.peak_tflops",
+    T_PAIR: "model.n_layers, model.attn_dim, hardware.peak_tflops",
+    T_LINK: "hardware.link_latency_us",
+    T_LINK_TOKEN: "model.hidden, hardware.link_gb_s",
+}
 
 
 @inline
@@ -86,7 +99,13 @@ def kv_blocks(config: Config) -> int | None:
     per_block = config.engine.block_tokens * config.model.kv_bytes_per_token
     if capacity is None or per_block == 0:
         return None
-    return max(0, math.floor(capacity * 1e9 / per_block))
+    blocks = capacity * 1e9 / per_block
+    if blocks > LARGEST:  # also infinity: a count no machine holds, whose whole part a kernel cannot take
+        raise ConfigError(f"the KV cache of {capacity:.3g} GB holds {blocks:.3g} blocks of engine.block_tokens "
+                          f"{config.engine.block_tokens} x model.kv_bytes_per_token {config.model.kv_bytes_per_token:g} "
+                          f"bytes, beyond what fastsim counts (2^53); for an unlimited cache set engine.kv_cache_gb "
+                          f"and hardware.mem_gb to null")
+    return max(0, math.floor(blocks))
 
 
 def prefix_blocks(config: Config) -> int:

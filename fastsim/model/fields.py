@@ -19,10 +19,20 @@ class Section(BaseModel):
 Finite = dict(allow_inf_nan=False)
 
 
+LARGEST = 2**53
+"""The largest whole number a config holds (9.0e15): every integer up to it is exact as a float
+(``1e15`` is read exactly) and fits the kernels' 64-bit counters with room for sums."""
+
+
 def _integral(value: Any) -> Any:
     """``1e6`` (a float that is exactly a whole number) becomes ``1000000``; anything else is
-    left for the strict integer check (so ``1.5`` and booleans are still refused)."""
-    return int(value) if isinstance(value, float) and value.is_integer() else value
+    left for the strict integer check (so ``1.5`` and booleans are still refused). Whole numbers
+    beyond :data:`LARGEST` either way are refused."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > LARGEST:
+        raise ValueError(f"{value:.3g} is beyond the largest whole number a config holds (2^53, {LARGEST:.2g})")
+    return value
 
 
 Int = Annotated[int, BeforeValidator(_integral)]

@@ -5,12 +5,25 @@ from __future__ import annotations
 
 import math
 
-from .schema import Config, Hardware
+from .schema import STATIC_ROUTERS, Config, Hardware
 
 
 def disaggregated(config: Config) -> bool:
     """True when a prefill pool serves the prompts and the replicas only decode."""
     return config.fleet.prefill_replicas > 0
+
+
+def kind(config: Config) -> str:
+    """How the fleet runs: ``one`` engine; replicas ``apart`` (a static router decides from the
+    arrivals alone, so each replica runs by itself); a coupled ``pool`` (a load-aware router
+    reads every replica's state at each arrival); or ``disaggregated`` (a prefill pool, then
+    the decode replicas)."""
+    f = config.fleet
+    if f.prefill_replicas:
+        return "disaggregated"
+    if f.replicas == 1:
+        return "one"
+    return "apart" if f.router in STATIC_ROUTERS else "pool"
 
 
 def prefill_config(config: Config) -> Config:

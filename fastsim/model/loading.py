@@ -18,6 +18,23 @@ class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # libyaml's parse
     so PyYAML, reads an exponent without a dot and a sign as a string)."""
 
 
+def _mapping(loader: _Loader, node: yaml.MappingNode) -> dict:
+    """A mapping that names a key twice is an error (YAML says keys are unique; PyYAML would
+    keep the last value without a word)."""
+    loader.flatten_mapping(node)
+    seen: dict = {}
+    for key_node, value_node in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        if key in seen:
+            mark = key_node.start_mark
+            raise yaml.constructor.ConstructorError(
+                None, None, f"key {key!r} appears twice in one mapping (lines {seen[key] + 1} and {mark.line + 1})",
+                mark)
+        seen[key] = key_node.start_mark.line
+    return loader.construct_mapping(node, deep=True)
+
+
+_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
 _Loader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
     re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
@@ -42,9 +59,11 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
     if path in seen:
         raise ConfigError(f"extends: {path} includes itself")
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such config file") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(not_utf8(path, exc)) from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
     try:
@@ -52,7 +71,7 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
+        problem = getattr(exc, "problem", None) or " ".join(str(exc).split())
         raise ConfigError(f"{path}:{where}: YAML syntax error: {problem}") from None
     raw = {} if raw is None else raw
     if not isinstance(raw, dict):
@@ -69,6 +88,13 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
     if sweep is not None:  # a study's grid replaces its base's grid
         base["sweep"] = sweep
     return base
+
+
+def not_utf8(path: Path | str, exc: UnicodeDecodeError) -> str:
+    """The message for a text file that is not UTF-8 (binary, or another encoding)."""
+    bom = "UTF-16" if exc.object[:2] in (b"\xff\xfe", b"\xfe\xff") else None
+    what = f"{bom} text: save it as UTF-8" if bom else f"byte 0x{exc.object[exc.start]:02x} at offset {exc.start}"
+    return f"{path}: not a UTF-8 text file ({what})"
 
 
 def _traces_relative_to(path: Path, raw: dict) -> None:

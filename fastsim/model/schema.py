@@ -28,6 +28,10 @@ from .presets import HARDWARE, REGISTRIES
 # The names a config may use; the engine's registries map each to its kernel or router.
 POLICIES = ("static", "dynamic", "continuous")
 ROUTERS = ("round_robin", "random", "least_outstanding", "least_kv")
+STATIC_ROUTERS = ("round_robin", "random")  # decide from the arrivals alone, not the replicas' state
+# The most replicas a pool has: beyond any fleet built, and a simulation's state (and set-up
+# time, ~2 us a replica) stays small.
+LARGEST_POOL = 1_000_000
 
 
 class _Preset(Section):
@@ -151,9 +155,9 @@ class Fleet(Section):
     """Replicas behind a router, and an optional prefill pool (DESIGN.md, "The fleet model").
     None: as the engine (prefill_tp, prefill_max_batched_tokens) or the config's hardware."""
 
-    replicas: Int = Field(1, ge=1)
+    replicas: Int = Field(1, ge=1, le=LARGEST_POOL)
     router: str = "round_robin"
-    prefill_replicas: Int = Field(0, ge=0)
+    prefill_replicas: Int = Field(0, ge=0, le=LARGEST_POOL)
     prefill_tp: Int | None = Field(None, ge=1)
     prefill_hardware: str | None = None
     prefill_max_batched_tokens: Int | None = Field(None, ge=1)

@@ -1,12 +1,10 @@
-"""Output files: written whole under a temporary name and renamed into place, with the
-permissions of a normally created file (the umask decides), and locked while a sweep writes them.
-"""
+"""Output files: locked while a sweep writes them (each is written whole, under a temporary
+name then renamed into place: :func:`fastsim._atomic.atomic_path`)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 from pathlib import Path
 from typing import Iterator
 
@@ -16,26 +14,6 @@ try:
     import fcntl
 except ImportError:  # Windows: the lock is filelock's (the same refusal, without the owner's pid)
     fcntl = None
-
-
-@contextlib.contextmanager
-def atomic_path(path: str | Path) -> Iterator[Path]:
-    """Yield a new, empty temporary file beside ``path`` to write; on success it is renamed to
-    ``path`` (a reader never sees a half-written file), on failure removed.
-
-    The file is created with mode 0666 less the umask, as ``open(path, "w")`` would, not with
-    the 0600 of :func:`tempfile.mkstemp`.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
-    try:
-        yield tmp
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def lock_path(out: Path) -> Path:

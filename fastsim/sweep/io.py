@@ -24,7 +24,7 @@ from ..analysis.plan import CANNOT_RUN, FIRST_METRIC, NEVER_MET, ranking
 from ..engine.checks import check
 from ..analysis.simulation import Result
 from ..model.schema import Config, ConfigError
-from .files import atomic_path
+from .._atomic import atomic_path, disk_error
 from .grid import Grid
 
 if TYPE_CHECKING:
@@ -89,16 +89,19 @@ class Layout:
         import netCDF4
 
         path = Path(path)
-        with atomic_path(path) as tmp, netCDF4.Dataset(tmp, "w", format="NETCDF4") as nc:
-            for name, (_, values, _) in self.coords.items():
-                nc.createDimension(name, values.size)
-            for name, (dims, values, attrs) in (*self.coords.items(), *self.data.items()):
-                kind = str if values.dtype.kind in "UO" else values.dtype
-                compress = name in self.data and values.ndim > 0
-                var = nc.createVariable(name, kind, dims, zlib=compress, complevel=4, shuffle=compress)
-                var.setncatts(attrs)
-                var[...] = values.astype(object) if kind is str else values
-            nc.setncatts(self.attrs)
+        try:
+            with atomic_path(path) as tmp, netCDF4.Dataset(tmp, "w", format="NETCDF4") as nc:
+                for name, (_, values, _) in self.coords.items():
+                    nc.createDimension(name, values.size)
+                for name, (dims, values, attrs) in (*self.coords.items(), *self.data.items()):
+                    kind = str if values.dtype.kind in "UO" else values.dtype
+                    compress = name in self.data and values.ndim > 0
+                    var = nc.createVariable(name, kind, dims, zlib=compress, complevel=4, shuffle=compress)
+                    var.setncatts(attrs)
+                    var[...] = values.astype(object) if kind is str else values
+                nc.setncatts(self.attrs)
+        except RuntimeError as exc:  # the netCDF library's own errors: a full disk is an "HDF error"
+            raise disk_error(path, exc) from None
         return path
 
 

@@ -5,18 +5,27 @@ traffic (arrival, prompt, output), what generating it allocates on the way, the 
 per-request state (first token, done, calendar links and due steps, token counters: kept in the
 thread's scratch between runs), the record of step runs (room for three a request, 32 bytes
 each: the per-step records the inter-token latencies come from), the metrics' latency arrays,
-and a fleet's outcomes per pool. The completion calendar is bounded (``engine.kernels.RING_MAX``
-buckets), so no token count drives memory.
+and a fleet's outcomes per pool: so it depends on how the fleet runs (:func:`fastsim.model.fleet.kind`).
+Per replica, a coupled pool keeps a completion calendar of up to ``engine.kernels.RING_MAX``
+buckets (one engine's calendar is bounded the same way), so no token count drives memory: the
+inter-token latency quantiles are selected from the step runs without listing every step.
+tests/sweep/test_memory.py measures the peak against the estimate for every kind.
 """
 
 from __future__ import annotations
 
 import re
 
+from ..engine.kernels import RING_MAX
+from ..model import fleet
 from ..model.schema import Config, ConfigError
 
-BYTES_PER_REQUEST = 352  # measured peak 73 to 331, P/D the largest (tests/sweep/test_memory.py checks the bound)
+# Peak bytes a request, by how the fleet runs; measured at 1 M requests (resident memory
+# growth): one engine 121 (static) to 202 (continuous, serving model), replicas apart 242 to
+# 271, a coupled pool 237, disaggregated 317 (load-aware) to 405 (round robin).
+BYTES_PER_REQUEST = {"one": 256, "apart": 352, "pool": 352, "disaggregated": 512}
 BYTES_PER_RUN = 1 << 20  # calendar (512 KiB at most) and small arrays
+BYTES_PER_REPLICA = 512  # a pool's per-replica state, beside its calendar (8 bytes a bucket)
 BYTES_PER_POINT = 4 * 8  # per metric of a sweep's table: the table, a checkpoint copy, output
 
 
@@ -33,10 +42,12 @@ _UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "ki": 2**10, "mi": 2**
 
 def parse_size(text: str) -> int:
     """``"8GB"``, ``"500M"``, ``"16GiB"``, ``"2e9"`` -> bytes; errors name ``--max-memory``."""
-    m = re.fullmatch(r"\s*([0-9.]+(?:e[0-9]+)?)\s*([kmgt]i?)?b?\s*", text.lower())
-    if not m or float(m.group(1)) <= 0:
-        raise ConfigError(f"--max-memory: expected a size such as 8GB, 500MB or 16GiB (got {text!r})")
-    return int(float(m.group(1)) * _UNITS[m.group(2) or ""])
+    m = re.fullmatch(r"\s*((?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:e[+-]?[0-9]+)?)\s*([kmgt]i?)?b?\s*", text.lower())
+    size = float(m.group(1)) * _UNITS[m.group(2) or ""] if m else 0.0
+    if not 0 < size < 2**63:  # also infinity
+        raise ConfigError(f"--max-memory: expected a size such as 8GB, 500MB or 16GiB, below 9.2e18 bytes "
+                          f"(got {text!r})")
+    return int(size)
 
 
 def _size(n: float) -> str:
@@ -59,7 +70,17 @@ def requests(config: Config) -> int:
 def run_bytes(config: Config) -> int:
     """Peak bytes of simulating ``config`` once (traffic, kernel, metrics; a trace is read once
     per process and its 32 bytes a request are counted among them)."""
-    return requests(config) * BYTES_PER_REQUEST + BYTES_PER_RUN
+    return requests(config) * BYTES_PER_REQUEST[fleet.kind(config)] + BYTES_PER_RUN + replica_bytes(config)
+
+
+def replica_bytes(config: Config) -> int:
+    """Bytes of a run's per-replica state (0 for one engine): a coupled pool's calendars."""
+    how, w = fleet.kind(config), config.workload
+    if how == "one":
+        return 0
+    ring = RING_MAX if w.trace is not None else min(w.max_output + 1, RING_MAX)
+    calendar = 8 * ring if how in ("pool", "disaggregated") else 0
+    return (config.fleet.replicas + config.fleet.prefill_replicas) * (BYTES_PER_REPLICA + calendar)
 
 
 def check(config: Config, concurrent_runs: int = 1, points: int = 0, limit: int | None = None) -> None:
@@ -76,6 +97,10 @@ def check(config: Config, concurrent_runs: int = 1, points: int = 0, limit: int 
         return
     have = f"{_size(limit)} {allowed}"
     n = requests(config)
+    if runs >= table and 2 * replica_bytes(config) > run_bytes(config):
+        f = config.fleet
+        pools = f"{f.replicas:,} replicas" + (f" and {f.prefill_replicas:,} prefill replicas" if f.prefill_replicas else "")
+        raise ConfigError(f"fleet.replicas: {pools} need ~{_size(runs + table)}, {have}")
     if runs >= table:
         each = f" a point on {concurrent_runs} workers" if concurrent_runs > 1 else ""
         raise ConfigError(f"workload.n_requests: {n:,} requests{each} need ~{_size(runs + table)}, {have}")

@@ -28,7 +28,7 @@ from ..analysis.metrics import METRICS
 from ..analysis.simulation import simulate
 from ..engine.checks import check
 from ..engine.kernels import Plan
-from ..engine.router import STATIC
+from ..model import fleet
 from ..model.schema import Config, ConfigError
 from .checkpoint import Checkpoint
 from .grid import Grid
@@ -43,6 +43,9 @@ MIN_REQUESTS_FOR_THREADS = 2000
 # Such points go to worker processes instead (forked, Linux) when there is enough work for it:
 # forking costs milliseconds (2000 points of 100 requests: 0.16 s on one thread, 0.12 s forked).
 MIN_SECONDS_FOR_PROCESSES = 1.0
+# Points estimated longer than this run on a worker thread even alone, so that Ctrl-C (which
+# the main thread sees only between two calls into a kernel) takes effect at once.
+INTERRUPT_S = 0.2
 
 
 class Task(Protocol):
@@ -118,10 +121,7 @@ KERNEL_KEYS = ("engine.", "hardware.", "model.", "calibration.", "fleet.", "work
 
 def _kernel_kind(config: Config) -> tuple:
     plan = Plan.of(config)
-    f = config.fleet
-    fleet_kind = ("one" if f.replicas == 1 and not f.prefill_replicas else "disaggregated" if f.prefill_replicas
-                  else "apart" if f.router in STATIC else "pool")
-    return plan.lesson, plan.policy == "continuous", fleet_kind
+    return plan.lesson, plan.policy == "continuous", fleet.kind(config)
 
 
 def warm_up(grid: Grid, batched: bool = False) -> None:
@@ -149,38 +149,54 @@ def warm_up(grid: Grid, batched: bool = False) -> None:
             simulate(tiny, checked=True)
 
 
-def _threads(grid: Grid, blocks: list[np.ndarray], task: Task, workers: int) -> Results:
+def _threads(grid: Grid, blocks: list[np.ndarray], task: Task, workers: int,
+             keep: Callable[[np.ndarray, np.ndarray], None]) -> Results:
     """Run blocks on worker threads: the kernels release the GIL (``nogil``), the Python around
     them is a few percent of a point, and threads cost nothing to start (no imports, no Numba
-    start-up per process). A few blocks are in flight per worker, and on Ctrl-C the running
-    ones are told to stop, so the pool ends within a block."""
+    start-up per process). A few blocks are in flight per worker. On Ctrl-C the blocks that
+    finished are handed to ``keep``, the running ones are told to stop and are not waited for
+    (a kernel cannot be interrupted: the caller exits, or the thread ends with its block), so
+    the interrupt takes effect at once whatever a point's size."""
     queue = deque(blocks)
     stop = threading.Event()
-    with ThreadPoolExecutor(workers, thread_name_prefix="fastsim") as pool:
-        pending: set[Future] = set()
-        try:
-            while queue or pending:
-                while queue and len(pending) < 2 * workers:
-                    pending.add(pool.submit(run_block, grid, queue.popleft(), task, stop))
-                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
-                for future in finished:
-                    yield future.result()
-        finally:
-            stop.set()
-            for future in pending:
-                future.cancel()
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="fastsim")
+    pending: set[Future] = set()
+    try:
+        while queue or pending:
+            while queue and len(pending) < 2 * workers:
+                pending.add(pool.submit(run_block, grid, queue.popleft(), task, stop))
+            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for future in finished:
+                yield future.result()
+    except KeyboardInterrupt:
+        for future in pending:
+            if future.done() and not future.cancelled() and future.exception() is None:
+                keep(*future.result())
+        raise
+    finally:
+        stop.set()
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 _worker: tuple = ()  # a worker process's (grid, task)
 
 
-def _start_worker(grid: Grid, task: Task) -> None:
+def _start_worker(grid: Grid, task: Task, parent: int) -> None:
     """A worker process's set-up: Ctrl-C is the parent's to handle (it stops the pool and keeps
-    what finished)."""
+    what finished), and the worker ends quietly with its parent (killed, the parent could not
+    read its results: the worker would only print a broken pipe)."""
     import signal
 
     global _worker
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:  # Linux: the kernel kills this process when its parent dies
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:  # the parent died before that took effect
+        os._exit(0)
     _worker = (grid, task)
 
 
@@ -201,7 +217,7 @@ def _processes(grid: Grid, blocks: list[np.ndarray], task: Task, workers: int) -
     back as they finish; on Ctrl-C the pool is terminated at once."""
     import multiprocessing
 
-    pool = multiprocessing.get_context("fork").Pool(min(workers, len(blocks)), _start_worker, (grid, task))
+    pool = multiprocessing.get_context("fork").Pool(min(workers, len(blocks)), _start_worker, (grid, task, os.getpid()))
 
     def results() -> Results:
         try:
@@ -212,6 +228,22 @@ def _processes(grid: Grid, blocks: list[np.ndarray], task: Task, workers: int) -
             pool.join()
 
     return results()
+
+
+def check_scheduler(address: str) -> None:
+    """Refuse a ``--scheduler`` that is neither ``local`` nor a Dask address (``tcp://host:8786``)
+    before any work starts."""
+    if address == "local":
+        return
+    from distributed.comm.addressing import parse_address, parse_host_port
+
+    try:
+        host, port = parse_host_port(parse_address(address)[1])
+        if not host or not 0 < port < 65536:
+            raise ValueError("no host" if not host else f"port {port} out of range")
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"--scheduler {address!r}: not 'local' nor a Dask scheduler address such as "
+                          f"tcp://host:8786 ({exc})") from None
 
 
 def _dask(grid: Grid, blocks: list[np.ndarray], task: Task, scheduler: str, workers: int, batched: bool
@@ -225,7 +257,7 @@ def _dask(grid: Grid, blocks: list[np.ndarray], task: Task, scheduler: str, work
     else:
         try:
             client = Client(scheduler, timeout="10s")
-        except (OSError, TimeoutError) as exc:
+        except (OSError, TimeoutError, ValueError) as exc:
             raise ConfigError(f"--scheduler {scheduler}: cannot reach a Dask scheduler ({exc})") from None
     try:
         client.run(warm_up, grid, batched)
@@ -254,7 +286,8 @@ def run_grid(
     """Run ``task`` (default: simulate) on every grid point; returns the table, shape
     (*axes, len(task.columns)).
 
-    ``workers``: threads on this machine (default: every core; 1 runs in the calling thread).
+    ``workers``: threads on this machine (default: every core; 1 runs one point at a time, in
+    the calling thread unless a point is long enough that Ctrl-C should not wait for it).
     ``scheduler``: a Dask scheduler address, or ``"local"`` for a local Dask cluster.
     ``checkpoint``: file to record finished points in; ``resume`` continues from it.
     ``on_progress(done, total, work)``: after each block, points done of all, and the fraction of
@@ -273,6 +306,12 @@ def run_grid(
         indices, rows = log.open(resume)
         table[indices] = rows
         finished[indices] = True
+
+    def record(indices: np.ndarray, rows: np.ndarray) -> None:
+        table[indices] = rows
+        if log is not None:
+            log.append(indices, rows)
+
     todo = np.flatnonzero(~finished)
     blocks = make_blocks(grid, todo, workers, task.seconds_per_request)
     n_done = grid.size - todo.size
@@ -282,8 +321,8 @@ def run_grid(
     elif scheduler is not None:
         warm_up(grid, batched)  # fill Numba's cache here, so local Dask workers only load it
         results = _dask(grid, blocks, task, scheduler, workers, batched)
-    elif workers == 1 or len(blocks) == 1:
-        results = _in_process(grid, blocks, task)
+    elif (workers == 1 or len(blocks) == 1) and point_seconds(grid, task.seconds_per_request) < INTERRUPT_S:
+        results = _in_process(grid, blocks, task)  # Ctrl-C lands between two points
     elif grid.max_requests * task.seconds_per_request < MIN_REQUESTS_FOR_THREADS * SECONDS_PER_REQUEST:
         if todo.size * point_seconds(grid, task.seconds_per_request) < MIN_SECONDS_FOR_PROCESSES or not _can_fork():
             results = _in_process(grid, blocks, task)
@@ -292,7 +331,7 @@ def run_grid(
             results = _processes(grid, blocks, task, workers)
     else:
         warm_up(grid, batched)  # compile or load once, before threads call the kernels
-        results = _threads(grid, blocks, task, workers)
+        results = _threads(grid, blocks, task, min(workers, len(blocks)), record)
     if on_progress:  # the bar starts (and its thread) once any worker process was forked
         cost = SECONDS_PER_POINT + grid.requests_per_point() * task.seconds_per_request  # estimated, per point
         work_total = float(cost.sum())
@@ -300,9 +339,7 @@ def run_grid(
         on_progress(n_done, grid.size, work / work_total)
     try:
         for indices, rows in results:
-            table[indices] = rows
-            if log is not None:
-                log.append(indices, rows)
+            record(indices, rows)
             n_done += len(indices)
             if on_progress:
                 work += float(cost[indices].sum())

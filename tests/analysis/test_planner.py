@@ -189,7 +189,7 @@ def test_plot_draws_every_axis_it_can_and_names_those_beyond(root, reference_nc,
 
 
 @pytest.mark.parametrize("where,message", [
-    ("under-a-file/x.png", "cannot create"),
+    ("under-a-file/x.png", "is a file, not a folder"),
     ("x.foo", "unknown figure format '.foo'"),
     ("/proc/fastsim.png", "cannot write"),  # not writable, even by root
 ])

@@ -18,6 +18,7 @@ from fastsim import load_config
 from fastsim.api import checkpoint_path
 from fastsim.cli import app
 from fastsim.analysis.metrics import METRICS
+from fastsim.sweep.checkpoint import Checkpoint
 from fastsim.sweep.summary import mean_ci
 
 
@@ -120,8 +121,8 @@ def many_small(tmp_path, root):
                       f"workload:\n  n_requests: 100\nsweep:\n  workload.seed: [{seeds}]\n")
 
 
-RECORD = 8 + 8 * len(METRICS)
-HEADER = 21 + 32 + 16
+RECORD = 8 + 8 * len(METRICS) + 8  # index, metrics, checksum
+HEADER = Checkpoint.HEADER_BYTES
 
 
 def start_and_stop(config, out, workers, sig, command="sweep", record=RECORD, timings=None):
@@ -197,8 +198,6 @@ def test_small_points_in_worker_processes_give_the_same_table(root, tmp_path, mo
 
 def test_resume_refuses_a_different_sweep(small, tmp_path):
     out = tmp_path / "o.nc"
-    from fastsim.sweep.checkpoint import Checkpoint
-
     log = Checkpoint(checkpoint_path(out), load_config(small), 24, list(METRICS))
     log.open(resume=False)
     log.close()
@@ -262,7 +261,7 @@ def test_ctrl_c_stops_a_search_at_once_and_keeps_what_it_finished(tmp_path, root
                         "  engine.max_batched_tokens: [2048, 4096, 8192]\n")
     out = tmp_path / f"{command}.nc"
     timings = []
-    code, stderr, done = start_and_stop(config, out, 2, signal.SIGINT, command, 8 + 8 * (4 + len(METRICS)), timings)
+    code, stderr, done = start_and_stop(config, out, 2, signal.SIGINT, command, 8 + 8 * (4 + len(METRICS)) + 8, timings)
     assert code == 130 and done > 0
     assert stderr.strip().splitlines() == [
         f"error: interrupted; finished points are kept in {checkpoint_path(out)}: rerun with --resume"]

@@ -106,9 +106,9 @@ def coupled(arrival, prompt, output, replicas, code, routes, limit, k, budget, b
     now_r = np.zeros(replicas)
     outstanding = np.zeros(replicas, np.int64)  # routed to each replica, not yet done
     used_blocks = np.full(replicas, pb if limited else 0, np.int64)  # KV blocks in use on each replica
-    rows_i = np.empty(limit + 1, np.int64)  # a step's prefill rows
-    rows_c = np.empty(limit + 1, np.int64)
-    rows_n = np.empty(limit + 1, np.int64)
+    rows_i = np.empty(min(limit, arrival.size) + 1, np.int64)  # a step's prefill rows (at most every request)
+    rows_c = np.empty(rows_i.size, np.int64)
+    rows_n = np.empty(rows_i.size, np.int64)
     nruns = 0
     ngaps = 0
     for q in range(n + 1):

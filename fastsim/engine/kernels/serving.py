@@ -105,9 +105,9 @@ def continuous(arrival, prompt, output, limit, k, budget, blocks, bt, reserve, p
     ptop = 0
     head = 0
     qhead = 0
-    rows_i = np.empty(limit + 1, np.int64)  # this step's prefill rows
-    rows_c = np.empty(limit + 1, np.int64)
-    rows_n = np.empty(limit + 1, np.int64)
+    rows_i = np.empty(min(limit, arrival.size) + 1, np.int64)  # this step's prefill rows (at most every request)
+    rows_c = np.empty(rows_i.size, np.int64)
+    rows_n = np.empty(rows_i.size, np.int64)
     now = 0.0
     steps = 0
     busy = 0
