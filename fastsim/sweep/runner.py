@@ -6,12 +6,15 @@ The table is a NumPy array of shape (points, columns) in C order of the grid. Ea
 pure function of its config, so the table is bit-identical whatever runs it. Work goes out in
 blocks (roughly a quarter of a second of simulation each, since a task costs up to 2 ms to
 dispatch on Dask); points that share workload values go in the same block, so a block draws each
-distinct traffic once. On Ctrl-C the threads stop within a block (a search stops between two
-simulations), worker processes are terminated, and the finished points stay in the checkpoint.
+distinct traffic once. Ctrl-C takes effect at once: the points that finished are kept in the
+checkpoint, worker threads are told to stop and not waited for (a kernel cannot be interrupted;
+a search stops between two simulations), worker processes (forked, or a local Dask cluster's)
+are ended, and ignore the terminal's Ctrl-C themselves so that none prints a traceback.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
@@ -246,13 +249,47 @@ def check_scheduler(address: str) -> None:
                           f"tcp://host:8786 ({exc})") from None
 
 
+@contextlib.contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """Ignore SIGINT (on the main thread) while processes are started: they keep ignoring it,
+    so a terminal's Ctrl-C, sent to the whole process group, reaches only this process, which
+    stops them and keeps what finished (they would each print a traceback)."""
+    import signal
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@contextlib.contextmanager
+def _quiet_workers() -> Iterator[None]:
+    """Local Dask workers started meanwhile log errors only (not the warnings a cancel on
+    Ctrl-C makes each print): the setting is read from the environment they inherit."""
+    key = "DASK_LOGGING__DISTRIBUTED"
+    previous = os.environ.get(key)
+    os.environ[key] = "error"
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = previous
+
+
 def _dask(grid: Grid, blocks: list[np.ndarray], task: Task, scheduler: str, workers: int, batched: bool
           ) -> Results:
     from distributed import Client, LocalCluster, as_completed
 
     cluster = None
     if scheduler == "local":
-        cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None)
+        with _sigint_ignored(), _quiet_workers():  # what its processes inherit
+            cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None)
         client = Client(cluster)
     else:
         try:
@@ -266,12 +303,27 @@ def _dask(grid: Grid, blocks: list[np.ndarray], task: Task, scheduler: str, work
         try:
             for future in as_completed(futures):
                 yield future.result()
+        except KeyboardInterrupt:
+            if cluster is not None:  # its workers may be deep in a kernel: end them, not wait
+                _kill_workers(cluster)
+            raise
         finally:
             client.cancel(futures)
     finally:
         client.close()
         if cluster is not None:
             cluster.close()
+
+
+def _kill_workers(cluster) -> None:
+    """End a local cluster's worker processes at once (its nannies then close quickly)."""
+    import signal
+
+    for nanny in cluster.workers.values():
+        pid = getattr(getattr(getattr(nanny, "process", None), "process", None), "pid", None)
+        if pid:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def run_grid(

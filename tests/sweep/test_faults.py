@@ -227,21 +227,30 @@ def test_other_outputs_on_a_full_disk(study, tiny_disk, tmp_path, root, option):
 
 # --- interrupts
 
-def test_ctrl_c_on_long_points_takes_effect_at_once(tmp_path, root):
-    """Points of 4 M requests (over a second each): Ctrl-C ends the sweep without waiting for the
-    points in flight, and keeps the ones that finished."""
+def start(cmd: list[str], partial, records: int, **popen) -> subprocess.Popen:
+    """Start ``cmd``; return once its checkpoint ``partial`` holds ``records`` points."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, **popen)
+    deadline = time.monotonic() + 120
+    while not (partial.exists() and partial.stat().st_size >= Checkpoint.HEADER_BYTES + records * record_size()):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+        time.sleep(0.002)
+    return proc
+
+
+@pytest.mark.parametrize("where", [[], ["--scheduler", "local"]], ids=["threads", "local-dask"])
+def test_ctrl_c_on_long_points_takes_effect_at_once(tmp_path, root, where):
+    """Points of 4 M requests (over a second each): Ctrl-C, sent to the process group as a
+    terminal does, ends the sweep without waiting for the points in flight, keeps the ones that
+    finished, and no worker prints anything."""
     config = tmp_path / "long.yaml"
     config.write_text(f"extends: {root / 'configs/h100.yaml'}\nworkload:\n  n_requests: 4000000\n"
                       "sweep:\n  workload.rate: [4, 8, 16, 32]\n  engine.max_batch: [64]\n"
                       "  engine.max_batched_tokens: [8192]\n")
     out = tmp_path / "out.nc"
     partial = checkpoint_path(out)
-    cmd = [sys.executable, "-m", "fastsim", "sweep", str(config), "--out", str(out), "--workers", "2", "--quiet"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    deadline = time.monotonic() + 120
-    while not (partial.exists() and partial.stat().st_size >= Checkpoint.HEADER_BYTES + record_size()):
-        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
-        time.sleep(0.01)
+    cmd = [sys.executable, "-m", "fastsim", "sweep", str(config), "--out", str(out), "--workers", "2", "--quiet",
+           *where]
+    proc = start(cmd, partial, 1, start_new_session=True)
     time.sleep(0.3)  # the next points are well under way
     os.killpg(proc.pid, signal.SIGINT)
     sent = time.monotonic()
@@ -265,11 +274,7 @@ def test_forked_workers_end_quietly_when_their_parent_is_killed(tmp_path, root):
     out = tmp_path / "out.nc"
     partial = checkpoint_path(out)
     cmd = [sys.executable, "-m", "fastsim", "sweep", str(config), "--out", str(out), "--workers", "2", "--quiet"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while not (partial.exists() and partial.stat().st_size >= Checkpoint.HEADER_BYTES + record_size()):
-        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
-        time.sleep(0.01)
+    proc = start(cmd, partial, 1)
     children = [int(p) for p in open(f"/proc/{proc.pid}/task/{proc.pid}/children").read().split()]
     assert children, "the points should run in forked workers"
     os.kill(proc.pid, signal.SIGKILL)
@@ -291,11 +296,7 @@ def test_sigkill_at_any_moment_then_resume_gives_the_identical_dataset(tmp_path,
     out = tmp_path / "out.nc"
     partial = checkpoint_path(out)
     cmd = [sys.executable, "-m", "fastsim", "sweep", str(config), "--out", str(out), "--workers", "1", "--quiet"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while not (partial.exists() and partial.stat().st_size >= Checkpoint.HEADER_BYTES + records * record_size()):
-        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
-        time.sleep(0.002)
+    proc = start(cmd, partial, records)
     proc.kill()
     proc.communicate(timeout=30)
     assert not out.exists()
