@@ -185,6 +185,15 @@ for sets, names in [(["engine.max_batched_tokens=1e19"], "max_batched_tokens"),
                     (["engine.max_batched_tokens=9e15"], ""),  # runs: a budget beyond any need is the need
                     (["workload.prompt.value=1e9"], "workload.prompt")]:
     case(f"work-{'-'.join(sets)}", ["run", H100, *(x for s in sets for x in ("--set", s))], names, may_run=not names)
+LONG = ["--set", "workload.output.dist=fixed", "--set", "workload.output.value=1e12", "--set", "workload.output.max=1e12",
+        "--set", "workload.n_requests=50", "--set", "workload.rate=1000"]  # 1e12 steps: hours
+for policy in ("static", "dynamic", "continuous"):
+    case(f"work-lesson-long-outputs-{policy}", ["run", REF, *LONG, "--set", f"engine.policy={policy}"], "workload.output")
+    case(f"work-lesson-max_batch-1e15-{policy}", ["run", REF, "--set", "engine.max_batch=1e15", "--set",
+                                                  f"engine.policy={policy}"], may_run=True)
+case("work-sweep-long-outputs", ["sweep", REF, *LONG, "--set", "sweep.workload.rate=[10, 20]", "--out", "{out.nc}",
+                                 "-q"], "workload.output")
+case("work-fleet-long-outputs", ["run", REF, *LONG, "--set", "fleet.replicas=4"], "workload.output")
 
 # --- traces
 for name, names in [("trace_binary.csv", "UTF-8"), ("trace_utf16.csv", "UTF-8"), ("trace_header.csv", "header"),

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._jit import inline, jit
+from ..engine.checks import steps_fit
 from ..engine.kernels import RUNS_PER_REQUEST, Plan, kv_totals, longest_output, one_engine
 from ..engine.traffic import Traffic, generate
 from ..model import fleet as pools
@@ -128,6 +129,8 @@ def metric_rows(configs: list[Config]) -> np.ndarray:
     for r, config in enumerate(configs):
         if config.workload != workload:
             workload, traffic = config.workload, generate(config.workload)
+            tokens = traffic.tokens()
+        steps_fit(config, *tokens)
         n = len(traffic)
         if config.fleet.replicas > 1 or pools.disaggregated(config) or n > MAX_REQUESTS:
             rows[r] = list(simulate(config, traffic, checked=True).metrics.values())

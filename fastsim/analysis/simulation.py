@@ -57,6 +57,7 @@ def simulate(config: Config, traffic: Traffic | None = None, checked: bool = Fal
     if not checked:
         checks.check(config)
     traffic = generate(config.workload) if traffic is None else traffic
+    checks.steps_fit(config, *traffic.tokens())
     out = fleet.run(config, traffic, scratch())  # measured before the next run on this thread
     return Result(config, measure(config, traffic, out), traffic.arrival_s, traffic.prompt_tokens,
                   traffic.output_tokens, out.first_token_s, out.done_s, out.replica, out.prefill_replica)

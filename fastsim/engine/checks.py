@@ -167,6 +167,26 @@ def _trace_fits(config: Config) -> None:
                           f"({recorded.path}: row {recorded.lines[short]} has {prompt[short]})")
 
 
+STEPS_MAX = 1e10  # steps a run may need: a minute or two of the step loop (1 to 10 ns a step)
+
+
+def steps_fit(config: Config, output_tokens: float, prompt_tokens: float) -> None:
+    """Refuse traffic of ``output_tokens`` and ``prompt_tokens`` in all (as drawn, or recorded)
+    that needs more than :data:`STEPS_MAX` steps: at least one step per output token of each
+    running sequence (at most the running limit a step), and one per token budget of prompt."""
+    e = config.engine
+    steps = output_tokens / e.limit
+    if e.max_batched_tokens is not None:
+        steps = max(steps, prompt_tokens / e.max_batched_tokens)
+    if steps > STEPS_MAX:
+        budget = f", engine.max_batched_tokens {e.max_batched_tokens} a step" if e.max_batched_tokens else ""
+        raise ConfigError(
+            f"workload: {output_tokens:.3g} output and {prompt_tokens:.3g} prompt tokens need at least {steps:.3g} "
+            f"steps (at most {e.limit} sequences a step{budget}), beyond the {STEPS_MAX:.0e} a run simulates in "
+            f"reasonable time: fewer requests (workload.n_requests) or shorter lengths (workload.output, "
+            f"workload.prompt)")
+
+
 WORKLOAD_KEYS = ("workload.rate", "workload.n_requests", "workload.trace", "workload.rng", "workload.arrival",
                  "workload.prompt.dist", "workload.output.dist")
 # What the engine checks read: a sweep runs them on every combination of the axes under these.

@@ -40,6 +40,10 @@ class Traffic:
     def __len__(self) -> int:
         return self.arrival_s.size
 
+    def tokens(self) -> tuple[float, float]:
+        """Output and prompt tokens in all (floats: a sum of int64 counts could overflow)."""
+        return float(self.output_tokens.sum(dtype=np.float64)), float(self.prompt_tokens.sum(dtype=np.float64))
+
 
 def generate(w: Workload) -> Traffic:
     """Draw (or replay) the requests the workload section describes."""

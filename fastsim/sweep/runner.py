@@ -200,6 +200,9 @@ def _start_worker(grid: Grid, task: Task, parent: int) -> None:
         pass
     if os.getppid() != parent:  # the parent died before that took effect
         os._exit(0)
+    # A worker's errors reach the parent with its results. All it could print itself is its own
+    # end when the parent is gone: a broken pipe, in the instant before the kernel kills it.
+    sys.stderr = open(os.devnull, "w")
     _worker = (grid, task)
 
 

@@ -282,8 +282,16 @@ def test_forked_workers_end_quietly_when_their_parent_is_killed(tmp_path, root):
     stderr = proc.stderr.read()  # returns once every writer (the workers too) has exited
     said = [line for line in stderr.splitlines() if not line.startswith("compiling kernels")]
     assert said == [], stderr
-    for child in children:
-        assert not os.path.exists(f"/proc/{child}") or open(f"/proc/{child}/stat").read().split()[2] == "Z"
+    def alive(pid: int) -> bool:
+        try:
+            return open(f"/proc/{pid}/stat").read().split()[2] != "Z"
+        except OSError:
+            return False
+
+    deadline = time.monotonic() + 10  # the workers die with the parent; multiprocessing's tracker soon after
+    while any(alive(child) for child in children) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(alive(child) for child in children)
 
 
 @pytest.mark.parametrize("records", [0, 1, 3])
