@@ -34,6 +34,7 @@ FILES: dict[str, bytes | str] = {
     "dup_nested.yaml": "engine: {max_batch: 64, max_batch: 128}\n",
     "dup_sweep.yaml": "sweep:\n  workload.rate: [1]\n  workload.rate: [2]\n",
     "list.yaml": "- 1\n- 2\n",
+    "unhashable_key.yaml": "engine:\n  ? [1, 2]\n  : 3\n",
     "scalar.yaml": "42\n",
     "syntax.yaml": "engine: [\n",
     "tabs.yaml": "engine:\n\tmax_batch: 8\n",
@@ -132,7 +133,8 @@ for name in ["binary.yaml", "utf16.yaml", "latin1.yaml", "extends_utf16.yaml", "
     case(f"config-{name}", ["run", "{%s}" % name], "UTF-8" if "nul" not in name else name.split(".")[0])
 for name, names in [("extends_missing.yaml", "nowhere.yaml"), ("extends_self.yaml", "itself"),
                     ("extends_number.yaml", "extends"), ("dup_top.yaml", "engine"),
-                    ("dup_nested.yaml", "max_batch"), ("dup_sweep.yaml", "workload.rate"),
+                    ("dup_nested.yaml", "max_batch"), ("unhashable_key.yaml", "unhashable"),
+                    ("dup_sweep.yaml", "workload.rate"),
                     ("list.yaml", "mapping"), ("scalar.yaml", "mapping"), ("syntax.yaml", "syntax"),
                     ("tabs.yaml", "syntax"), ("section_scalar.yaml", "engine"),
                     ("unknown_section.yaml", "engines"), ("sweep_scalar.yaml", "workload.rate"),
@@ -159,12 +161,13 @@ for key in ["engine.kv_cache_gb", "hardware.mem_gb", "model.weight_gb", "model.k
             "engine.window_ms", "hardware.link_gb_s"]:
     for value in ["1e300", "1e-300", "nan", "inf", "-1", "text", "[1]", "{a: 1}", "true"]:
         case(f"float-{key}={value}", ["run", H100, "--set", f"{key}={value}", *SMALL], key, may_run="e" in value)
-for key, value, names in [("engine.policy", "greedy", ""), ("engine.kv_alloc", "lazy", ""), ("fleet.router", "magic", ""),
-                          ("workload.arrival", "burst", ""), ("workload.rng", "dice", ""), ("hardware.preset", "tpu", ""),
-                          ("model.preset", "gpt-9", ""), ("fleet.prefill_hardware", "tpu", ""),
-                          ("workload.prompt.dist", "zipf", ""), ("workload.output.mu", "1500", "workload.output: mu"),
-                          ("workload.trace", "5", ""), ("engine.max_batch", "1.5", ""), ("engine.max_batch", "true", ""),
-                          ("engine.gpu_memory_utilization", "1.5", ""), ("workload.prompt.min", "-1", "")]:
+VALUES = [("engine.policy", "greedy", ""), ("engine.kv_alloc", "lazy", ""), ("fleet.router", "magic", ""),
+          ("workload.arrival", "burst", ""), ("workload.rng", "dice", ""), ("hardware.preset", "tpu", ""),
+          ("model.preset", "gpt-9", ""), ("fleet.prefill_hardware", "tpu", ""), ("workload.prompt.dist", "zipf", ""),
+          ("workload.output.mu", "1500", "workload.output: mu"), ("workload.trace", "5", ""),
+          ("engine.max_batch", "1.5", ""), ("engine.max_batch", "true", ""),
+          ("engine.gpu_memory_utilization", "1.5", ""), ("workload.prompt.min", "-1", "")]
+for key, value, names in VALUES:
     case(f"value-{key}={value}", ["run", H100, "--set", f"{key}={value}", *SMALL], names or key)
 
 # --- overrides
@@ -185,10 +188,11 @@ for sets, names in [(["engine.max_batched_tokens=1e19"], "max_batched_tokens"),
                     (["engine.max_batched_tokens=9e15"], ""),  # runs: a budget beyond any need is the need
                     (["workload.prompt.value=1e9"], "workload.prompt")]:
     case(f"work-{'-'.join(sets)}", ["run", H100, *(x for s in sets for x in ("--set", s))], names, may_run=not names)
-LONG = ["--set", "workload.output.dist=fixed", "--set", "workload.output.value=1e12", "--set", "workload.output.max=1e12",
-        "--set", "workload.n_requests=50", "--set", "workload.rate=1000"]  # 1e12 steps: hours
+LONG = ["--set", "workload.output.dist=fixed", "--set", "workload.output.value=1e12", "--set",
+        "workload.output.max=1e12", "--set", "workload.n_requests=50", "--set", "workload.rate=1000"]  # hours
 for policy in ("static", "dynamic", "continuous"):
-    case(f"work-lesson-long-outputs-{policy}", ["run", REF, *LONG, "--set", f"engine.policy={policy}"], "workload.output")
+    case(f"work-lesson-long-outputs-{policy}", ["run", REF, *LONG, "--set", f"engine.policy={policy}"],
+         "workload.output")
     case(f"work-lesson-max_batch-1e15-{policy}", ["run", REF, "--set", "engine.max_batch=1e15", "--set",
                                                   f"engine.policy={policy}"], may_run=True)
 case("work-sweep-long-outputs", ["sweep", REF, *LONG, "--set", "sweep.workload.rate=[10, 20]", "--out", "{out.nc}",

@@ -25,6 +25,8 @@ def _mapping(loader: _Loader, node: yaml.MappingNode) -> dict:
     seen: dict = {}
     for key_node, value_node in node.value:
         key = loader.construct_object(key_node, deep=True)
+        if isinstance(key, (list, dict)):
+            continue  # construct_mapping refuses an unhashable key, with its mark
         if key in seen:
             mark = key_node.start_mark
             raise yaml.constructor.ConstructorError(

@@ -99,7 +99,8 @@ def check(config: Config, concurrent_runs: int = 1, points: int = 0, limit: int 
     n = requests(config)
     if runs >= table and 2 * replica_bytes(config) > run_bytes(config):
         f = config.fleet
-        pools = f"{f.replicas:,} replicas" + (f" and {f.prefill_replicas:,} prefill replicas" if f.prefill_replicas else "")
+        prefill = f" and {f.prefill_replicas:,} prefill replicas" if f.prefill_replicas else ""
+        pools = f"{f.replicas:,} replicas{prefill}"
         raise ConfigError(f"fleet.replicas: {pools} need ~{_size(runs + table)}, {have}")
     if runs >= table:
         each = f" a point on {concurrent_runs} workers" if concurrent_runs > 1 else ""
