@@ -20,9 +20,9 @@ from ..engine.kernels import RING_MAX
 from ..model import fleet
 from ..model.schema import Config, ConfigError
 
-# Peak bytes a request, by how the fleet runs; measured at 1 M requests (resident memory
-# growth): one engine 121 (static) to 202 (continuous, serving model), replicas apart 242 to
-# 271, a coupled pool 237, disaggregated 317 (load-aware) to 405 (round robin).
+# Peak bytes a request, by how the fleet runs; measured (resident memory growth) at 1 M and
+# 10 M requests: one engine 99 (static) to 203 (continuous, serving model), replicas apart 235
+# to 270, a coupled pool 206 to 234, disaggregated 300 (load-aware) to 405 (round robin).
 BYTES_PER_REQUEST = {"one": 256, "apart": 352, "pool": 352, "disaggregated": 512}
 BYTES_PER_RUN = 1 << 20  # calendar (512 KiB at most) and small arrays
 BYTES_PER_REPLICA = 512  # a pool's per-replica state, beside its calendar (8 bytes a bucket)

@@ -227,6 +227,15 @@ def test_other_outputs_on_a_full_disk(study, tiny_disk, tmp_path, root, option):
 
 # --- interrupts
 
+def load_sweep(tmp_path, root, n_requests: int, rates: list[float]):
+    """A study over configs/h100.yaml: one setting, a point per rate of ``n_requests``."""
+    config = tmp_path / "load.yaml"
+    config.write_text(f"extends: {root / 'configs/h100.yaml'}\nworkload:\n  n_requests: {n_requests}\n"
+                      f"sweep:\n  workload.rate: {rates}\n  engine.max_batch: [64]\n"
+                      "  engine.max_batched_tokens: [8192]\n")
+    return config
+
+
 def start(cmd: list[str], partial, records: int, **popen) -> subprocess.Popen:
     """Start ``cmd``; return once its checkpoint ``partial`` holds ``records`` points."""
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, **popen)
@@ -242,10 +251,7 @@ def test_ctrl_c_on_long_points_takes_effect_at_once(tmp_path, root, where):
     """Points of 4 M requests (over a second each): Ctrl-C, sent to the process group as a
     terminal does, ends the sweep without waiting for the points in flight, keeps the ones that
     finished, and no worker prints anything."""
-    config = tmp_path / "long.yaml"
-    config.write_text(f"extends: {root / 'configs/h100.yaml'}\nworkload:\n  n_requests: 4000000\n"
-                      "sweep:\n  workload.rate: [4, 8, 16, 32]\n  engine.max_batch: [64]\n"
-                      "  engine.max_batched_tokens: [8192]\n")
+    config = load_sweep(tmp_path, root, 4_000_000, [4, 8, 16, 32])
     out = tmp_path / "out.nc"
     partial = checkpoint_path(out)
     cmd = [sys.executable, "-m", "fastsim", "sweep", str(config), "--out", str(out), "--workers", "2", "--quiet",
@@ -297,10 +303,7 @@ def test_forked_workers_end_quietly_when_their_parent_is_killed(tmp_path, root):
 @pytest.mark.parametrize("records", [0, 1, 3])
 def test_sigkill_at_any_moment_then_resume_gives_the_identical_dataset(tmp_path, root, records):
     """Killed with no point recorded yet (the header alone), after one, after three."""
-    config = tmp_path / "kill.yaml"
-    config.write_text(f"extends: {root / 'configs/h100.yaml'}\nworkload:\n  n_requests: 150000\n"
-                      "sweep:\n  workload.rate: [4, 8, 16, 32, 48]\n  engine.max_batch: [64]\n"
-                      "  engine.max_batched_tokens: [8192]\n")
+    config = load_sweep(tmp_path, root, 150_000, [4, 8, 16, 32, 48])
     out = tmp_path / "out.nc"
     partial = checkpoint_path(out)
     cmd = [sys.executable, "-m", "fastsim", "sweep", str(config), "--out", str(out), "--workers", "1", "--quiet"]
