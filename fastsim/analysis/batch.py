@@ -130,11 +130,11 @@ def metric_rows(configs: list[Config]) -> np.ndarray:
         if config.workload != workload:
             workload, traffic = config.workload, generate(config.workload)
             tokens = traffic.tokens()
-        steps_fit(config, *tokens)
         n = len(traffic)
         if config.fleet.replicas > 1 or pools.disaggregated(config) or n > MAX_REQUESTS:
-            rows[r] = list(simulate(config, traffic, checked=True).metrics.values())
+            rows[r] = list(simulate(config, traffic, checked=True).metrics.values())  # checks its steps
             continue
+        steps_fit(config, *tokens)
         plan = Plan.of(config, longest_output(config, traffic))
         if group is None or not group.takes(config, plan, n):
             if group is not None:

@@ -56,8 +56,12 @@ class Checkpoint:
         """``path`` is a checkpoint with no finished point (or no file at all)."""
         return not path.is_file() or path.stat().st_size <= cls.HEADER_BYTES
 
-    def _check(self, payload: bytes) -> int:
-        return int.from_bytes(hashlib.blake2b(payload, digest_size=8, key=self.digest).digest(), "little")
+    def _checksums(self, raw: bytes) -> np.ndarray:
+        """The checksum of each record in ``raw`` (whole records): of its index and metrics."""
+        size = self.record.itemsize
+        sums = (hashlib.blake2b(raw[j:j + size - 8], digest_size=8, key=self.digest).digest()
+                for j in range(0, len(raw), size))
+        return np.array([int.from_bytes(d, "little") for d in sums], dtype=np.uint64)
 
     def load(self) -> tuple[np.ndarray, np.ndarray]:
         """The finished points recorded so far, each checked: (indices, metrics rows)."""
@@ -76,8 +80,7 @@ class Checkpoint:
         size = self.record.itemsize
         usable = len(body) - len(body) % size
         records = np.frombuffer(body[:usable], dtype=self.record)
-        sound = np.array([self._check(body[j * size : (j + 1) * size - 8]) == int(records["check"][j])
-                          for j in range(len(records))], dtype=bool)
+        sound = self._checksums(body[:usable]) == records["check"]
         index = records["index"]
         sound &= (index >= 0) & (index < self.n_points)
         values, counts = np.unique(index[sound], return_counts=True)
@@ -112,9 +115,7 @@ class Checkpoint:
         rec["index"] = indices
         if len(indices):
             rec["metrics"] = rows
-        size = self.record.itemsize
-        raw = rec.tobytes()
-        rec["check"] = [self._check(raw[j * size : (j + 1) * size - 8]) for j in range(len(rec))]
+        rec["check"] = self._checksums(rec.tobytes())
         return rec.tobytes()
 
     def append(self, indices: np.ndarray, rows: np.ndarray) -> None:

@@ -91,13 +91,14 @@ def check(config: Config, concurrent_runs: int = 1, points: int = 0, limit: int 
 
     allowed = "allowed" if limit is not None else "available"
     limit = available_bytes() if limit is None else limit
-    runs = concurrent_runs * run_bytes(config)
+    each = run_bytes(config)
+    runs = concurrent_runs * each
     table = points * len(METRICS) * BYTES_PER_POINT
     if runs + table <= limit:
         return
     have = f"{_size(limit)} {allowed}"
     n = requests(config)
-    if runs >= table and 2 * replica_bytes(config) > run_bytes(config):
+    if runs >= table and 2 * replica_bytes(config) > each:
         f = config.fleet
         prefill = f" and {f.prefill_replicas:,} prefill replicas" if f.prefill_replicas else ""
         pools = f"{f.replicas:,} replicas{prefill}"
