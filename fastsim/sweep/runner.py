@@ -15,6 +15,7 @@ are ended, and ignore the terminal's Ctrl-C themselves so that none prints a tra
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 import sys
@@ -289,7 +290,7 @@ def _dask(grid: Grid, blocks: list[np.ndarray], task: Task, scheduler: str, work
           ) -> Results:
     from distributed import Client, LocalCluster, as_completed
 
-    cluster = None
+    cluster = quiet = None
     if scheduler == "local":
         with _sigint_ignored(), _quiet_workers():  # what its processes inherit
             cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None)
@@ -308,6 +309,9 @@ def _dask(grid: Grid, blocks: list[np.ndarray], task: Task, scheduler: str, work
                 yield future.result()
         except KeyboardInterrupt:
             if cluster is not None:  # its workers may be deep in a kernel: end them, not wait
+                quiet = logging.getLogger("distributed")  # the scheduler, here, would log their loss
+                level = quiet.level
+                quiet.setLevel(logging.CRITICAL)
                 _kill_workers(cluster)
             raise
         finally:
@@ -316,6 +320,8 @@ def _dask(grid: Grid, blocks: list[np.ndarray], task: Task, scheduler: str, work
         client.close()
         if cluster is not None:
             cluster.close()
+            if quiet is not None:
+                quiet.setLevel(level)
 
 
 def _kill_workers(cluster) -> None:
