@@ -6,7 +6,7 @@ over every request, the step runs of every replica for the inter-token latencies
 - One replica and no prefill pool is the single engine (:func:`fastsim.engine.kernels.run`).
 - A static router (round robin, random) decides from the request alone: each replica runs its
   own requests apart, on the one-engine kernels. A load-aware router needs the replicas advanced
-  together: the pool kernel (:mod:`.kernels.pool`).
+  together: the continuous kernel's pool (:mod:`.kernels.continuous`).
 - Disaggregated: the prefill pool runs each prompt as a one-token request (the prefill
   replicas' hardware, tp and budget; the shared prefix cached there); each prefill replica's KV
   link carries the prompts to the decode pool (:mod:`.link`), which routes them in order of KV
@@ -25,7 +25,7 @@ from ..model.schema import Config
 from . import link, router
 from .kernels import RUNS_PER_REQUEST, Outcome, Plan, Scratch, longest_output, outcome, run_engine, with_api
 from .kernels import run as run_one
-from .kernels.pool import WORK_ROWS, coupled
+from .kernels.continuous import WORK_ROWS, continuous
 from .traffic import Traffic, routes
 
 def _merge(parts: list[tuple[np.ndarray, Outcome]], n: int, k: np.ndarray) -> Outcome:
@@ -73,7 +73,7 @@ def _pool(p: Plan, name: str, replicas: int, arrival: np.ndarray, prompt: np.nda
     while True:
         runs = scratch.take(room[0], False)
         gaps = np.empty(room[1])
-        counters = coupled(
+        counters = continuous(
             arrival, prompt, output, replicas, router.CODES[name], draws.astype(np.int64), p.limit, p.k, p.budget,
             blocks, p.block_tokens, p.reserve, p.prefix_blocks, p.max_output, token_1, first, done, replica, runs, gaps,
             scratch.work(WORK_ROWS, n))

@@ -15,6 +15,7 @@ from .._jit import inline
 from ..model.schema import ROUTERS, STATIC_ROUTERS
 
 ROUND_ROBIN, RANDOM, LEAST_OUTSTANDING, LEAST_KV = range(4)
+ONE_ENGINE = -1  # no router: the continuous kernel's one engine takes its requests as they arrive
 CODES = {"round_robin": ROUND_ROBIN, "random": RANDOM, "least_outstanding": LEAST_OUTSTANDING, "least_kv": LEAST_KV}
 """Router name (:data:`fastsim.model.schema.ROUTERS`) -> the code the pool kernel takes."""
 assert tuple(CODES) == ROUTERS

@@ -79,7 +79,8 @@ def replica_bytes(config: Config) -> int:
     if how == "one":
         return 0
     ring = RING_MAX if w.trace is not None else min(w.max_output + 1, RING_MAX)
-    calendar = 8 * ring if how in ("pool", "disaggregated") else 0
+    stride = (ring + 63) // 64 * 64  # buckets, 8 bytes each, and the bitmap over them: a bit each
+    calendar = stride * 8 + stride // 8 if how in ("pool", "disaggregated") else 0
     return (config.fleet.replicas + config.fleet.prefill_replicas) * (BYTES_PER_REPLICA + calendar)
 
 

@@ -20,21 +20,30 @@ from ..strategies import close, dirty_scratch, oracle_engine
 
 
 @settings(max_examples=300)
-@given(st.integers(1, 300), st.data())
-def test_next_filled_is_the_first_member_round_the_ring(ring, data):
+@given(st.integers(1, 300), st.integers(0, 2), st.data())
+def test_next_filled_is_the_first_member_round_the_ring(ring, rep, data):
+    """On replica ``rep``'s ring of a pool whose replicas' rings are 64-bucket aligned, the
+    others' members in the way."""
+    stride = (ring + 63) & ~63
+    base = rep * stride
     filled = data.draw(st.sets(st.integers(0, ring - 1), max_size=6))
     stale = data.draw(st.sets(st.integers(0, ring - 1), max_size=6))
+    others = data.draw(st.sets(st.integers(0, 3 * stride - 1).filter(lambda b: not base <= b < base + stride),
+                               max_size=6))
     start = data.draw(st.integers(0, ring - 1))
-    bucket = np.full(ring + 1, -1, np.int64)
-    occ = _bare.occupancy(ring)
+    bucket = np.full(3 * stride + 1, -1, np.int64)
+    occ = _bare.occupancy(3 * stride)
     for b in filled | stale:
+        _bare.mark(occ, base + b)
+    for b in others:
         _bare.mark(occ, b)
+        bucket[b] = 5
     for b in filled:
-        bucket[b] = 7
-    want = next((d for d in range(ring) if bucket[(start + d) % ring] >= 0), ring)
-    assert _bare.next_filled(occ, bucket, start, ring) == want
-    assert _bare.next_filled(occ, bucket, start, ring) == want  # stale bits cleared, nothing else
-    assert all(occ[b >> 6] >> (b & 63) & 1 for b in filled)
+        bucket[base + b] = 7
+    want = next((d for d in range(ring) if bucket[base + (start + d) % ring] >= 0), ring)
+    assert _bare.next_filled(occ, bucket, base, start, ring) == want
+    assert _bare.next_filled(occ, bucket, base, start, ring) == want  # stale bits cleared, nothing else
+    assert all(occ[b >> 6] >> (b & 63) & 1 for b in {base + b for b in filled} | others)
 
 
 @settings(max_examples=300)
@@ -54,9 +63,10 @@ def test_blocks_in_closed_form_are_the_steps_one_by_one(bt, data):
             fits = step
         sums.append((taken, sums[-1][1] + taken))
         p = (p + 1) % bt
-    assert _bare.blocks_last(bcount, phase, bt, d, free) == fits
+    rows = np.stack([bcount + 1, bcount])  # replica 1's counters, replica 0's in the way
+    assert _bare.blocks_last(rows, 1, phase, bt, d, free) == fits
     for m in range(6 * bt + 1):
-        assert _bare.blocks_taken(bcount, phase, bt, d, m) == sums[m]
+        assert _bare.blocks_taken(rows, 1, phase, bt, d, m) == sums[m]
 
 
 @settings(max_examples=300)

@@ -3,7 +3,7 @@
 The driver here validates nothing (the config was checked), folds the config into a :class:`Plan`
 of plain numbers once, allocates the outputs and calls one kernel (:mod:`.one_engine` picks it):
 the lesson's (:mod:`.lesson`) when every serving-model addition is off, else the serving model's
-(:mod:`.serving`, :mod:`.serving_batched`). Kernels work in engine time; the client's API
+(:mod:`.continuous`, :mod:`.serving_batched`). Kernels work in engine time; the client's API
 overhead is added once, by :func:`run` (or the fleet's driver), to every request's times.
 """
 
@@ -171,7 +171,7 @@ def run_engine(p: Plan, arrival: np.ndarray, prompt: np.ndarray, output: np.ndar
                token_1: np.ndarray = NO_TOKEN_1) -> Outcome:
     """One engine on these requests (arrival-sorted), in engine time (no API overhead).
     ``token_1``: a decode replica's requests, each with its first token's time (see
-    :func:`.serving.continuous`). With ``scratch``, the Outcome's step runs live in it: valid
+    :func:`.continuous.continuous`). With ``scratch``, the Outcome's step runs live in it: valid
     until the next run that uses the same scratch."""
     n = arrival.size
     first_token = np.empty(n)

@@ -1,5 +1,5 @@
-"""Runs of bare steps in closed form, for the serving model's one-engine continuous kernel (the
-fleet's coupled pool still takes them one by one).
+"""Runs of bare steps in closed form, for the serving model's continuous kernel
+(:mod:`.continuous`: one engine, or each replica of a pool).
 
 A bare step schedules only the D decoders: N = D tokens, and C = A = SC + D, where SC (the
 decoders' computed tokens) grows by D a step. Between two events (an arrival that would be
@@ -47,42 +47,44 @@ def mark(occ, b):
 
 
 @jit
-def next_filled(occ, bucket, start, ring):
-    """Steps from bucket ``start`` to the first non-empty bucket, round the ring (``ring`` if
-    none); clears the stale bits it passes."""
+def next_filled(occ, bucket, base, start, ring):
+    """Steps from bucket ``start`` to the first non-empty bucket, round the ring of ``ring``
+    buckets from ``bucket[base]`` (``base`` a multiple of 64: a pool's replicas each have one);
+    ``ring`` if none. Clears the stale bits it passes."""
     words = (ring + 63) >> 6
+    w0 = base >> 6
     w = start >> 6
-    word = occ[w] & (ALL << (start & 63))
+    word = occ[w0 + w] & (ALL << (start & 63))
     for _ in range(words + 1):  # back to the first word, for its bits before ``start``
         while word != 0:
             b = (w << 6) + trailing_zeros(word)
-            if bucket[b] >= 0:
+            if bucket[base + b] >= 0:
                 return b - start if b >= start else ring - start + b
-            occ[w] &= ~(ONE << (b & 63))  # stale
+            occ[w0 + w] &= ~(ONE << (b & 63))  # stale
             word &= word - 1
         w = w + 1 if w + 1 < words else 0
-        word = occ[w]
+        word = occ[w0 + w]
     return ring
 
 
 @jit
-def blocks_last(bcount, phase, bt, d, free):
+def blocks_last(bcount, rep, phase, bt, d, free):
     """Steps whose new blocks fit in ``free``: whole turns of the phases (D blocks each), then
-    part of one."""
+    part of one. ``bcount[rep]``: replica ``rep``'s decoders by block phase."""
     turns = free // d
     room = free - turns * d
     taken = 0
     r = 0
     p = phase
     for _ in range(bt):
-        taken += bcount[p]
+        taken += bcount[rep, p]
         r += taken <= room
         p = p + 1 if p + 1 < bt else 0
     return turns * bt + r
 
 
 @jit
-def blocks_taken(bcount, phase, bt, d, m):
+def blocks_taken(bcount, rep, phase, bt, d, m):
     """(blocks taken in ``m`` steps from ``phase``, sum over the steps of the blocks taken up to
     and including each): the decoders of the phase at offset o take theirs at the run's steps o,
     o + bt, ... (c of them), each then held for the rest of the run. Two plain loops over the
@@ -94,13 +96,13 @@ def blocks_taken(bcount, phase, bt, d, m):
     for ph in range(phase, bt):
         o = ph - phase
         c = q + (o < r)
-        taken += bcount[ph] * c
-        running += bcount[ph] * (c * (m - o) - bt * ((c * (c - 1)) >> 1))
+        taken += bcount[rep, ph] * c
+        running += bcount[rep, ph] * (c * (m - o) - bt * ((c * (c - 1)) >> 1))
     for ph in range(phase):
         o = ph + bt - phase
         c = q + (o < r)
-        taken += bcount[ph] * c
-        running += bcount[ph] * (c * (m - o) - bt * ((c * (c - 1)) >> 1))
+        taken += bcount[rep, ph] * c
+        running += bcount[rep, ph] * (c * (m - o) - bt * ((c * (c - 1)) >> 1))
     return taken, running
 
 

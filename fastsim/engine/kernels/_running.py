@@ -1,5 +1,5 @@
-"""Helpers of the serving model's continuous kernels (one engine's and the pool's): the start of
-their per-request state, the admission-ordered running list and a doubly linked completion
+"""Helpers of the serving model's continuous kernel (:mod:`.continuous`): the start of its
+per-request state, the admission-ordered running list and a doubly linked completion
 calendar, from which a preempted request leaves in O(1).
 
 Bucket ``b`` of the calendar heads a list of the requests due at steps == b (mod its size);

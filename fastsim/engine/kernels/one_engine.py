@@ -16,11 +16,15 @@ from __future__ import annotations
 import numpy as np
 
 from ..._jit import jit
-from . import lesson, serving
+from ..router import ONE_ENGINE
+from . import lesson
+from .continuous import WORK_ROWS, continuous
 from . import serving_batched as batched_kernel
 
 NONE = np.int64(0)  # a counter the lesson's kernels do not keep (a typed 0: a literal one would
 # compile every compiled caller of the counters once more)
+ONE = np.int64(1)  # one engine's replicas, typed likewise: with literal arguments the continuous
+UNROUTED = np.int64(ONE_ENGINE)  # kernel would be compiled once for one engine and again for pools
 
 
 @jit
@@ -41,8 +45,9 @@ def lesson_batched(arrival, prompt, output, plan, token_1, first_token, done, ru
 
 @jit
 def serving_continuous(arrival, prompt, output, plan, token_1, first_token, done, runs, gaps, work):
-    return serving.continuous(arrival, prompt, output, plan[0], plan[2], plan[3], plan[4], plan[5], plan[6], plan[7],
-                              plan[8], token_1, first_token, done, runs, gaps, work)
+    unrouted = np.empty(0, np.int64)  # one engine: no router's draws in, no replicas out
+    return continuous(arrival, prompt, output, ONE, UNROUTED, unrouted, plan[0], plan[2], plan[3], plan[4], plan[5],
+                      plan[6], plan[7], plan[8], token_1, first_token, done, unrouted, runs, gaps, work)
 
 
 @jit
@@ -57,7 +62,7 @@ def serving_batched(arrival, prompt, output, plan, token_1, first_token, done, r
 LAYOUT = {
     lesson_continuous: (lesson.WORK_ROWS, True),
     lesson_batched: (lesson.WORK_ROWS, True),
-    serving_continuous: (serving.WORK_ROWS, False),
+    serving_continuous: (WORK_ROWS, False),
     serving_batched: (batched_kernel.WORK_ROWS, False),
 }
 

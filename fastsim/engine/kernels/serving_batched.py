@@ -24,7 +24,7 @@ def batched(arrival, prompt, output, limit, window, k, blocks, bt, pb, o_max, fi
     finished rows stay as padding (one token's compute, their whole KV read) until the batch
     ends. With a KV limit (``blocks`` >= 0) a batch takes the longest run of queue-head requests
     whose reservations (ceil((prompt + o_max) / bt) - pb blocks each) fit, and a batch that
-    memory stops from growing counts as full. Parameters as :func:`.serving.continuous`.
+    memory stops from growing counts as full. Parameters as :func:`.continuous.continuous`.
 
     Returns
     -------

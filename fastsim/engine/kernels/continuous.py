@@ -1,24 +1,43 @@
-"""The pool kernel: several replicas of one serving engine advanced together in time order,
-each request routed at its instant by a router that looks at their state (DESIGN.md, "The
-fleet model"). Continuous batching in the serving model only.
+"""The serving model's continuous-batching step loop: one source for one engine and for a pool of
+replicas behind a load-aware router (docs/model/serving.md, docs/model/fleets.md). Prefill and
+decode compute, a token budget with chunked prefill, paged KV blocks with preemption by
+recompute, reservation, a shared prefix, tensor parallelism in the step cost. With every
+serving-model addition off, one engine gives the lesson's results to the bit; the lesson's own
+kernels (:mod:`.lesson`) are used then.
 
-Requests come in the pool's order (arrival-sorted; ties in index order). Before routing request
-j, arriving at t, every replica runs each step that starts before t, so the router sees its
-outstanding requests and KV blocks "as of every step that started before t"; then j joins the
-chosen replica's waiting queue, and an idle replica wakes at t. Between two routing instants a
-replica does what the one-engine kernel (:func:`.serving.continuous`) does between two
-arrivals, step for step, with the same floating-point operations: its loop body is that
-kernel's, with the waiting queue a list per replica instead of an index range and arrivals
-arriving by routing instead of by time. (The two bodies are kept apart on purpose: shared as
-Numba-inlined helpers, the one-engine kernel measured 1.5 to 2.6 times slower.)
+One engine takes each request at the first step that starts at or after its arrival. A pool
+takes its requests in its order (arrival-sorted, ties in index order): before routing request
+q, arriving at t, every replica runs each step that starts before t, so the router sees its
+outstanding requests and KV blocks as of then; q joins the chosen replica's waiting queue and an
+idle replica wakes at t. So a replica between two routing instants and one engine between two
+arrivals run the same statements: the loop below is both, told apart by ``code`` (a router, or
+:data:`fastsim.engine.router.ONE_ENGINE`, with which arrivals are taken by time).
 
-State is struct of arrays with a replica dimension: per request (each in one replica) the
-serving kernel's arrays plus ``qnext`` (the waiting queues, one FIFO list per replica after its
-stack of preempted requests); per replica its scalars (``st``, ``now_r``), its calendar (the
-``ring`` buckets of ``bucket`` from ``rep * ring``), its decoders by block phase (``bcount``)
-and its open step run (extended while steps continue it, written to ``runs`` when one does not,
-so a replica's runs are those the one engine records). These arrays are indexed in place: a row
-view per replica at every routing instant cost ~8 % of the kernel's time (least_outstanding).
+The work per step does not depend on the batch size:
+
+- Running requests are *decoders* (need one token a step) plus at most one *partial* row, the
+  newest admission, whose prompt (or recompute) did not fit in the last step's budget: a row is
+  partial only when the budget ran out on it, and then nothing newer was admitted. Since the
+  budget is at least the running limit (checked with the config, as in vLLM), every decoder gets
+  its token every step, so decoders are kept as sums: D of them holding SC computed tokens in
+  all read C = SC + D KV tokens and form A = SC + D query-key pairs a step, and their token
+  counts are derived from the step they became decoders.
+- Their completions come from a calendar per replica (doubly linked, so a preempted request
+  leaves it in O(1)), their block boundaries from counters by phase: a decoder needs a new block
+  every ``block_tokens`` steps, at a fixed phase.
+- Preemption victims are the tail of the admission-ordered running list. When the free blocks
+  cannot cover this step's needs, the step walks the running list oldest first and preempts
+  from the tail exactly as the rules say; otherwise no one is preempted and the sums suffice.
+- While nobody can be admitted, finish or run out of blocks, a fast path runs bare steps: the
+  first ``STEPPED`` one by one, the rest of a longer run at once, in closed form (:mod:`._bare`;
+  every count exact, times rounded once per run instead of once per step), up to the next
+  routing instant, arrival that would be admitted, completion, or step whose blocks do not fit.
+
+State is struct of arrays: per request the rows of ``work``; per replica its scalars (columns of
+``st``, in locals while it runs), its calendar (``stride`` buckets of ``bucket`` from
+``rep * stride``), its decoders by block phase (``bcount[rep]``) and its open step run (extended
+while steps continue it, written to ``runs`` when one does not). The arrays are indexed in place:
+a row view per replica at every routing instant cost ~8 % of the kernel's time.
 """
 
 from __future__ import annotations
@@ -28,8 +47,13 @@ import numpy as np
 from ..._jit import inline, jit, largest
 from ...model.cost import step_time
 from ..router import choose
+from ._bare import blocks_last, blocks_taken, mark, next_filled, occupancy, timed
 from ._calendar import LOW, RING_MAX, record
 from ._running import cal_file, cal_remove, cdiv, fresh, unlink
+
+WORK_ROWS = 13  # the kernel's per-request state: rows of ``work``
+STEPPED = 16  # bare steps taken one by one before the rest of a run goes in closed form
+SHORTEST = 12  # ... if that many are left at least
 
 # Per-replica scalars, columns of ``st``.
 (RHEAD, RTAIL, RUNNING, CURSOR, N_DEC, SUM_C, PARTIAL, PTOP, NPRE, QFIRST, QLAST, NWAIT, STEPS, BUSY, MAX_QUEUE,
@@ -50,29 +74,40 @@ def _extend(runs, nruns, run_kv, run_pairs, run_nw, run_m, n_tok, kv_tok, pairs,
     return nruns, kv_tok, pairs, nw, m
 
 
-WORK_ROWS = 13  # the kernel's per-request state: rows of ``work``
-
-
 @jit
-def coupled(arrival, prompt, output, replicas, code, routes, limit, k, budget, blocks, bt, reserve, pb, o_max,
-            token_1, first_token, done, replica, runs, gaps, work):
-    """Continuous batching on ``replicas`` replicas behind router ``code``.
+def continuous(arrival, prompt, output, replicas, code, routes, limit, k, budget, blocks, bt, reserve, pb, o_max,
+               token_1, first_token, done, replica, runs, gaps, work):
+    """Continuous batching on one engine, or on ``replicas`` replicas behind router ``code``.
 
     Parameters
     ----------
-    arrival : float64 (n,)    when each request reaches the pool (s), non-decreasing
+    arrival : float64 (n,)    when each request arrives (s), non-decreasing
     prompt, output : int64 (n,)    prompt and output lengths (tokens; output >= 1)
-    replicas : int    replicas in the pool
-    code : int    the router (:data:`fastsim.engine.router.CODES`)
-    routes : int64 (n,)    the random router's replica per request (else unused)
-    limit, k, budget, blocks, bt, reserve, pb, o_max, token_1 : as :func:`.serving.continuous`,
-        the same for every replica (``blocks`` >= 0 also for an unlimited cache when the router
-        counts blocks: then so many that they never bind)
-    first_token, done : float64 (n,)    filled with engine times, as :func:`.serving.continuous`
-    replica : int64 (n,)    filled with the replica each request was routed to
-    runs : int64 (capacity, 4)    step runs of every replica: the kernel returns how many it needed
+    replicas : int    replicas (1 for one engine)
+    code : int    the router (:data:`fastsim.engine.router.CODES`), or ``ONE_ENGINE``
+    routes : int64 (n,)    the random router's replica per request (else unused, may be empty)
+    limit : int    most requests running at once on a replica
+    k : float64 (7,)    step-time coefficients (:func:`fastsim.model.cost.coefficients`)
+    budget : int    tokens computed per step at most (>= limit)
+    blocks : int    KV cache blocks of a replica, or -1 for unlimited (a router that counts
+        blocks is given so many that they never bind)
+    bt : int    tokens per block
+    reserve : bool    reserve ceil((prompt + o_max) / bt) blocks at admission (else paged)
+    pb : int    blocks pinned by the shared prefix (every admission starts with pb * bt tokens)
+    o_max : int    the longest output the workload can produce
+    token_1 : float64 (n,) or (0,)    a decode replica's requests: each arrives with its
+        prompt's KV (c = p) and its first token emitted at ``token_1[i]`` (g = 1); empty:
+        requests arrive with nothing computed
+    first_token, done : float64 (n,)    filled with the (engine) times of each request's first
+        and last token (a decode replica leaves ``first_token`` alone)
+    replica : int64 (n,)    filled with the replica each request was routed to (one engine:
+        unused, may be empty)
+    runs : int64 (capacity, 4)    step runs (:mod:`._calendar`): the kernel returns how many it
+        needed
     gaps : float64 (capacity,)    irregular inter-token gaps: the kernel returns how many it needed
-    work : int64 (WORK_ROWS, n + 1)    room for the per-request state, as :func:`.serving.continuous`'s
+    work : int64 (WORK_ROWS, n + 1)    room for the per-request state and its lists' spare slots
+        (:mod:`._running`), contents left over (a caller's scratch: memory reused, not fresh
+        from the system)
 
     Returns
     -------
@@ -80,44 +115,56 @@ def coupled(arrival, prompt, output, replicas, code, routes, limit, k, budget, b
      blocks in use, peak KV blocks in use on any replica, number of runs, number of gaps)
     """
     n = arrival.size
+    routed = code >= 0
+    timed_end = 0 if routed else n  # one engine: requests [0, head) have arrived
     cached = pb * bt
     limited = blocks >= 0
     paged = limited and not reserve
     g = work[0]  # tokens emitted (decoders: as of step dbase)
     c = work[1]  # tokens computed (non-decoders)
-    held = work[2]
-    dbase = work[3]  # set when a request becomes a decoder, as phase
-    phase = work[4]
-    last_t = work[5].view(np.float64)  # set when a later gap reads it
+    held = work[2]  # blocks held beyond the prefix (reserve; paged non-decoders)
+    dbase = work[3]  # decoders: the step count when they became decoders (set then)
+    phase = work[4]  # decoders: they need a new block at steps == phase (mod bt) (set then)
+    last_t = work[5].view(np.float64)  # time of the last token (set when a later gap reads it)
     rprev = work[6]  # each replica's running list, in admission order
     rnext = work[7]
-    cnext = work[8]
+    cnext = work[8]  # the completion calendars' lists
     cprev = work[9]
     due = work[10]
-    pnext = work[11]  # each replica's stack of preempted requests
+    pnext = work[11]  # each replica's stack of preempted requests: the front of its queue
     qnext = work[12]  # each replica's waiting queue (after its preempted ones)
     fresh(work, prompt, token_1)  # a decode replica's prompts arrive computed, their first token emitted
+    if not routed:
+        for i in range(n):  # one engine: its queue is arrival order
+            qnext[i] = i + 1 if i + 1 < n else -1
     ring = min(largest(output) + 1, RING_MAX)
-    bucket = np.full(replicas * ring + 1, -1, np.int64)  # replica r's calendar from r * ring; a spare slot
-    bcount = np.zeros((replicas, bt), np.int64)
+    stride = (ring + 63) & ~63  # replica r's calendar: buckets [r * stride, r * stride + ring)
+    bucket = np.full(replicas * stride + 1, -1, np.int64)  # and a spare slot (:mod:`._running`)
+    occ = occupancy(replicas * stride)  # which buckets may have a member (:mod:`._bare`)
+    bcount = np.zeros((replicas, bt), np.int64)  # decoders by block phase
     st = np.zeros((replicas, N_STATE), np.int64)
-    st[:, RHEAD] = st[:, RTAIL] = st[:, PARTIAL] = st[:, PTOP] = st[:, QFIRST] = st[:, QLAST] = -1
-    st[:, FREE] = blocks - pb if limited else 0
+    for rep in range(replicas):  # loops, not slice assignments or reductions: each of those adds
+        # about a second to the compile a new user's first run waits for
+        st[rep, RHEAD] = st[rep, RTAIL] = st[rep, PARTIAL] = st[rep, PTOP] = st[rep, QLAST] = -1
+        st[rep, QFIRST] = -1 if routed else 0
+        st[rep, FREE] = blocks - pb if limited else 0
     now_r = np.zeros(replicas)
     outstanding = np.zeros(replicas, np.int64)  # routed to each replica, not yet done
     used_blocks = np.full(replicas, pb if limited else 0, np.int64)  # KV blocks in use on each replica
-    rows_i = np.empty(min(limit, arrival.size) + 1, np.int64)  # a step's prefill rows (at most every request)
+    rows_i = np.empty(min(limit, n) + 1, np.int64)  # a step's prefill rows (at most every request)
     rows_c = np.empty(rows_i.size, np.int64)
     rows_n = np.empty(rows_i.size, np.int64)
+    head = 0
     nruns = 0
     ngaps = 0
-    for q in range(n + 1):
-        until = arrival[q] if q < n else np.inf
+    q = 0
+    while True:
+        until = arrival[q] if routed and q < n else np.inf
         for rep in range(replicas):  # run every step that starts before ``until``
             now = now_r[rep]
-            if now >= until or (st[rep, RUNNING] == 0 and st[rep, NWAIT] == 0):
+            if now >= until or (st[rep, RUNNING] == 0 and st[rep, NWAIT] == 0 and head == timed_end):
                 continue
-            base = rep * ring
+            base = rep * stride
             rhead, rtail, running = st[rep, RHEAD], st[rep, RTAIL], st[rep, RUNNING]
             cursor, n_dec, sum_c = st[rep, CURSOR], st[rep, N_DEC], st[rep, SUM_C]
             partial, ptop, npre = st[rep, PARTIAL], st[rep, PTOP], st[rep, NPRE]
@@ -127,6 +174,9 @@ def coupled(arrival, prompt, output, replicas, code, routes, limit, k, budget, b
             run_kv, run_pairs, run_nw, run_m = st[rep, RUN_KV], st[rep, RUN_PAIRS], st[rep, RUN_NW], st[rep, RUN_M]
             finished = 0
             while now < until:
+                while head < timed_end and arrival[head] <= now:
+                    head += 1
+                    nwait += 1
                 left = budget - n_dec  # decoders first: one token each, always within the budget
                 nrows = 0
                 preempted = False
@@ -228,7 +278,9 @@ def coupled(arrival, prompt, output, replicas, code, routes, limit, k, budget, b
                 max_queue = max(max_queue, nwait)
                 if nrows == 0 and n_dec == 0:
                     if running == 0 and nwait == 0:
-                        break  # idle until a request is routed here
+                        if head == timed_end:
+                            break  # idle until a request is routed here (or none is left)
+                        now = arrival[head]  # one engine, idle: jump to the next arrival
                     continue  # else the only runner preempted itself: it is admitted next iteration
                 # 3. the step
                 n_tok = n_dec
@@ -279,7 +331,7 @@ def coupled(arrival, prompt, output, replicas, code, routes, limit, k, budget, b
                         sum_c += c[i]
                         phase[i] = (steps - c[i]) % bt
                         bcount[rep, phase[i]] += 1
-                        cal_file(bucket, base, ring, cnext, cprev, due, cursor, steps, i, output[i] - g[i])
+                        mark(occ, cal_file(bucket, base, ring, cnext, cprev, due, cursor, steps, i, output[i] - g[i]))
                 # decoders due now finish
                 i = bucket[base + cursor]
                 while i >= 0:
@@ -301,8 +353,8 @@ def coupled(arrival, prompt, output, replicas, code, routes, limit, k, budget, b
                         rhead, rtail = unlink(rprev, rnext, rhead, rtail, i)
                         running -= 1
                     i = nx
-                # 4. fast path: only decoders, nobody to admit, until ``until``, a completion or a step
-                # whose new blocks do not fit
+                # 4. fast path: only decoders, nobody to admit, until the next routing instant, an
+                # arrival that would be admitted, a completion or a step whose new blocks do not fit
                 if partial >= 0 or n_dec == 0 or preempted:
                     continue
                 if nwait > 0 and running < limit:
@@ -316,25 +368,59 @@ def coupled(arrival, prompt, output, replicas, code, routes, limit, k, budget, b
                         continue  # the head can be admitted
                 kv0 = sum_c + n_dec
                 steps0 = steps
+                open_slot = running < limit and nwait == 0  # an arrival would be admitted
                 phase_now = steps % bt
                 used = blocks - free if limited else 0  # only grows here: its peak is its last value
-                while now < until:  # requests arrive only when routed, at ``until``
-                    nxt = cursor + 1 if cursor + 1 < ring else 0
-                    if bucket[base + nxt] >= 0:
-                        break
-                    if paged:
-                        need = bcount[rep, phase_now]
-                        if need > free:
+                far = steps + STEPPED  # past it, the rest of a long run in closed form
+                while True:
+                    while now < until:
+                        if head < timed_end and arrival[head] <= now:
+                            if open_slot:
+                                break
+                            while head < timed_end and arrival[head] <= now:  # they only lengthen the queue
+                                head += 1
+                                nwait += 1
+                        nxt = cursor + 1 if cursor + 1 < ring else 0
+                        if bucket[base + nxt] >= 0:
                             break
-                        free -= need
-                        used += need
-                        phase_now = phase_now + 1 if phase_now + 1 < bt else 0
-                    kv_sum += used
-                    now += step_time(k, n_dec, sum_c + n_dec, sum_c + n_dec)
-                    steps += 1
-                    busy += n_dec
-                    sum_c += n_dec
-                    cursor = nxt
+                        if paged:
+                            need = bcount[rep, phase_now]
+                            if need > free:
+                                break
+                            free -= need
+                            used += need
+                            phase_now = phase_now + 1 if phase_now + 1 < bt else 0
+                        kv_sum += used
+                        now += step_time(k, n_dec, sum_c + n_dec, sum_c + n_dec)
+                        steps += 1
+                        busy += n_dec
+                        sum_c += n_dec
+                        cursor = nxt
+                        if steps == far:
+                            break
+                    if steps != far:
+                        break
+                    # the rest in closed form (:mod:`._bare`): up to the next completion, the blocks'
+                    # end, the next routing instant or an arrival that would be admitted
+                    m = next_filled(occ, bucket, base, cursor + 1 if cursor + 1 < ring else 0, ring)
+                    if paged and free < n_dec * m:  # (a step takes at most D blocks)
+                        m = min(m, blocks_last(bcount, rep, phase_now, bt, n_dec, free))
+                    stop = arrival[head] if open_slot and head < timed_end else until
+                    m, now = timed(k, n_dec, sum_c + n_dec, now, stop, SHORTEST, m)
+                    if m < 0:  # too short: step on
+                        far = -1
+                        continue
+                    kv_sum += m * used
+                    if paged:
+                        taken, taken_sum = blocks_taken(bcount, rep, phase_now, bt, n_dec, m)
+                        kv_sum += taken_sum
+                        free -= taken
+                        used += taken
+                    steps += m
+                    busy += m * n_dec
+                    sum_c += m * n_dec
+                    cursor = cursor + m if cursor + m < ring else cursor + m - ring
+                    break
                 kv_peak = max(kv_peak, used)
                 nruns, run_kv, run_pairs, run_nw, run_m = _extend(runs, nruns, run_kv, run_pairs, run_nw, run_m, n_dec,
                                                                   kv0, kv0, steps - steps0, n_dec)
@@ -348,7 +434,7 @@ def coupled(arrival, prompt, output, replicas, code, routes, limit, k, budget, b
             st[rep, RUN_KV], st[rep, RUN_PAIRS], st[rep, RUN_NW], st[rep, RUN_M] = run_kv, run_pairs, run_nw, run_m
             outstanding[rep] -= finished
             used_blocks[rep] = blocks - free if limited else 0
-        if q == n:
+        if not routed or q == n:
             break
         rep = choose(code, q, routes, outstanding, used_blocks)
         replica[q] = rep
@@ -362,8 +448,15 @@ def coupled(arrival, prompt, output, replicas, code, routes, limit, k, budget, b
             st[rep, QFIRST] = q
         st[rep, QLAST] = q
         st[rep, NWAIT] += 1
-    for r in range(replicas):  # close every open run
+        q += 1
+    steps = busy = max_queue = preemptions = kv_sum = kv_peak = 0
+    for r in range(replicas):  # close every open run; the totals
         nruns = record(runs, nruns, st[r, RUN_NW] >> 32, st[r, RUN_KV], st[r, RUN_PAIRS], st[r, RUN_M],
                        st[r, RUN_NW] & LOW)
-    return (st[:, STEPS].sum(), st[:, BUSY].sum(), st[:, MAX_QUEUE].max(), st[:, PREEMPTIONS].sum(),
-            st[:, KV_SUM].sum(), st[:, KV_PEAK].max(), nruns, ngaps)
+        steps += st[r, STEPS]
+        busy += st[r, BUSY]
+        max_queue = max(max_queue, st[r, MAX_QUEUE])
+        preemptions += st[r, PREEMPTIONS]
+        kv_sum += st[r, KV_SUM]
+        kv_peak = max(kv_peak, st[r, KV_PEAK])
+    return steps, busy, max_queue, preemptions, kv_sum, kv_peak, nruns, ngaps
