@@ -19,17 +19,7 @@ import numpy as np
 
 from ..model.schema import ConfigError
 
-HIGHER_IS_BETTER = ("throughput_tok_s", "request_rate_rps", "goodput_rps", "slo_attainment", "max_rate_rps")
-LOWER_IS_BETTER = ("ttft_", "e2e_", "tpot_", "itl_", "max_queue", "preemptions", "usd_per_", "gpus", "replicas")
-
-
-def direction(metric: str) -> int:
-    """+1 when higher is better, -1 when lower is, 0 when neither (not compared by default)."""
-    if metric in HIGHER_IS_BETTER:
-        return 1
-    if metric.startswith(LOWER_IS_BETTER):
-        return -1
-    return 0
+from .catalog import direction
 
 
 @dataclass

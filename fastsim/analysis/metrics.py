@@ -13,43 +13,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .._jit import inline, jit, largest
-from . import itl
+from . import catalog, itl
 
 if TYPE_CHECKING:
     from ..engine.kernels import Outcome
 
-# name -> (units, long_name); the order is the order of tables and dataset variables.
-METRICS: dict[str, tuple[str, str]] = {
-    "throughput_tok_s": ("tokens/s", "output tokens per second until the last completion"),
-    "request_rate_rps": ("requests/s", "completed requests per second until the last completion"),
-    "slot_use": ("1", "busy slot-steps / (steps * max_batch)"),
-    "mean_batch": ("sequences", "mean unfinished sequences per step"),
-    "ttft_p50_s": ("s", "time to first token, median"),
-    "ttft_p90_s": ("s", "time to first token, 90th percentile"),
-    "ttft_p99_s": ("s", "time to first token, 99th percentile"),
-    "ttft_mean_s": ("s", "time to first token, mean"),
-    "e2e_p50_s": ("s", "end-to-end latency, median"),
-    "e2e_p90_s": ("s", "end-to-end latency, 90th percentile"),
-    "e2e_p99_s": ("s", "end-to-end latency, 99th percentile"),
-    "e2e_mean_s": ("s", "end-to-end latency, mean"),
-    "tpot_p50_s": ("s", "time per output token after the first, median"),
-    "tpot_p99_s": ("s", "time per output token after the first, 99th percentile"),
-    "max_queue": ("requests", "most requests left waiting after an admission decision"),
-    "steps": ("steps", "engine steps run"),
-    "span_s": ("s", "time of the last completion"),
-    "preemptions": ("requests", "preemptions (a running request evicted to recompute later)"),
-    "kv_peak_use": ("1", "KV cache blocks in use / blocks, peak over steps"),
-    "kv_mean_use": ("1", "KV cache blocks in use / blocks, mean over steps"),
-    "itl_p50_s": ("s", "inter-token latency (every gap between a request's tokens), median"),
-    "itl_p99_s": ("s", "inter-token latency (every gap between a request's tokens), 99th percentile"),
-    "goodput_rps": ("requests/s", "requests that met every SLO, per second until the last completion"),
-    "slo_attainment": ("1", "fraction of requests that met every SLO"),
-    "gpus": ("GPUs", "GPUs of the fleet (replicas x tp, plus prefill replicas x their tp)"),
-    "usd_per_hour": ("USD/hour", "on-demand price of the fleet's GPUs per hour"),
-    "usd_per_mtok": ("USD/1e6 tokens", "price per million output tokens at the simulated throughput"),
-}
-
-INTEGER_METRICS = frozenset({"max_queue", "steps", "preemptions", "gpus"})
+METRICS = catalog.METRICS  # the metrics, in the order of tables and dataset variables
+INTEGER_METRICS = catalog.integer_metrics()
 
 
 BINS = 4096

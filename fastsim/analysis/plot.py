@@ -20,13 +20,13 @@ import yaml
 
 from .._atomic import atomic_path, check_writable
 from ..model.schema import ConfigError
+from .catalog import METRICS
 from .compare import open_dataset
 
 SWEEP_Y = ("throughput_tok_s", "ttft_p99_s")
 CAPACITY_Y = ("max_rate_rps",)
 PLAN_Y = "usd_per_hour"
 PLAN_BARS = 25  # candidates a plan figure shows, cheapest first
-SLO_OF = {"ttft_": "ttft_s", "tpot_": "tpot_s", "e2e_": "e2e_s"}  # metric prefix -> the slo key bounding it
 
 
 def _value(coord: np.ndarray, text: str, axis: str):
@@ -85,10 +85,8 @@ def _defaults(ds, x: str | None, hue: str | None, col: str | None) -> tuple[str,
 
 def _slo_bound(config: dict, metric: str) -> float | None:
     slo = config.get("slo") or {}
-    for prefix, key in SLO_OF.items():
-        if metric.startswith(prefix) and slo.get(key) is not None:
-            return float(slo[key])
-    return None
+    key = METRICS[metric].slo if metric in METRICS else None
+    return float(slo[key]) if key and slo.get(key) is not None else None
 
 
 def figure(path: Path, out: Path, x: str | None = None, ys: list[str] | None = None, hue: str | None = None,

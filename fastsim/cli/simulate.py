@@ -51,7 +51,7 @@ def run(
         clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in result.metrics.items()}
         typer.echo(json.dumps(clean))
         return
-    rows = [[k, f"{v:.6g}", METRICS[k][0]] for k, v in result.metrics.items()]
+    rows = [[k, f"{v:.6g}", METRICS[k].units] for k, v in result.metrics.items()]
     print_table(describe(cfg, result.arrival_s.size), ["metric", "value", "units"], rows)
 
 
@@ -155,12 +155,17 @@ def presets() -> None:
 def keys(
     section: Annotated[Optional[str], typer.Argument(help="Only this section or key (engine, workload.prompt, "
                                                           "...).", show_default=False)] = None,
+    markdown: Annotated[bool, typer.Option("--markdown", help="Print every key's reference as a Markdown page "
+                                                               "(docs/configuration.md).")] = False,
 ) -> None:
     """List every config key (what a file, --set and sweep: accept) with its kind, default and units."""
-    from ..model.keys import config_keys
+    from ..model.keys import config_keys, reference_markdown
 
     from rich.table import Table
 
+    if markdown:
+        print(reference_markdown(), end="")
+        return
     with user_errors():
         rows = config_keys(section)
     out.print(f"config keys{' of ' + section if section else ''} (null: unset)")

@@ -20,10 +20,10 @@ import numpy as np
 from ..model import fleet
 from ..model.cost import COEFFICIENT_KEYS, coefficients, kv_blocks, kv_capacity_gb
 from ..model.presets import MODEL_SHAPES
+from ..model.routers import ROUTERS
 from ..model.schema import Config, ConfigError
 from . import trace
 
-LOAD_AWARE_ROUTERS = ("least_outstanding", "least_kv")
 
 
 def _workload_is_whole(config: Config) -> None:
@@ -118,7 +118,7 @@ def _can_run(config: Config) -> None:
                           f"(a model.preset sets it)")
     _engine_runs(config, w.max_output)
     f, policy = config.fleet, config.engine.policy
-    if f.router in LOAD_AWARE_ROUTERS and policy != "continuous":
+    if ROUTERS[f.router].load_aware and policy != "continuous":
         raise ConfigError(f"fleet.router: {f.router} needs engine.policy continuous (got {policy}; static and "
                           f"dynamic fleets route round_robin or random)")
     if fleet.disaggregated(config):

@@ -21,6 +21,7 @@ import dataclasses
 import numpy as np
 
 from ..model import fleet as pools
+from ..model.routers import ROUTERS
 from ..model.schema import Config
 from . import link, router
 from .kernels import RUNS_PER_REQUEST, Outcome, Plan, Scratch, longest_output, outcome, run_engine, with_api
@@ -45,15 +46,15 @@ def _merge(parts: list[tuple[np.ndarray, Outcome]], n: int, k: np.ndarray) -> Ou
 
 
 def _pool(p: Plan, name: str, replicas: int, arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray,
-          draws: np.ndarray, scratch: Scratch | None, token_1: np.ndarray = np.empty(0), counts_kv: bool = False
-          ) -> Outcome:
+          draws: np.ndarray, scratch: Scratch | None, token_1: np.ndarray = np.empty(0)) -> Outcome:
     """``replicas`` replicas of plan ``p`` behind router ``name``, on requests in routing order
     (``arrival`` non-decreasing); engine times. ``draws``: the random router's replica per request."""
+    how = ROUTERS[name]
     n = arrival.size
     if n == 0:  # every output was one token: the decode pool has nothing to do
         return Outcome(np.empty(0), np.empty(0), 0, 0, 0, 0, 0, 0, float("nan"), np.empty((0, 4), np.int64),
                        np.empty(0), p.k, np.empty(0, np.int32))
-    if name in router.STATIC:
+    if not how.load_aware:
         where = router.assign(name, replicas, draws)
         parts = []
         for r in range(replicas):
@@ -65,7 +66,7 @@ def _pool(p: Plan, name: str, replicas: int, arrival: np.ndarray, prompt: np.nda
         merged = _merge(parts, n, p.k)
         merged.replica[:] = where
         return merged
-    blocks = p.blocks if p.blocks >= 0 or not counts_kv else 1 << 50  # least_kv counts blocks of any cache
+    blocks = p.blocks if p.blocks >= 0 or not how.counts_blocks else 1 << 50  # counted in a cache of any size
     first, done = np.empty(n), np.empty(n)
     replica = np.empty(n, np.int64)
     room = (RUNS_PER_REQUEST * n + 64, n // 8 + 64)  # as the one-engine driver's
@@ -74,7 +75,7 @@ def _pool(p: Plan, name: str, replicas: int, arrival: np.ndarray, prompt: np.nda
         runs = scratch.take(room[0], False)
         gaps = np.empty(room[1])
         counters = continuous(
-            arrival, prompt, output, replicas, router.CODES[name], draws.astype(np.int64), p.limit, p.k, p.budget,
+            arrival, prompt, output, replicas, how.code, draws.astype(np.int64), p.limit, p.k, p.budget,
             blocks, p.block_tokens, p.reserve, p.prefix_blocks, p.max_output, token_1, first, done, replica, runs, gaps,
             scratch.work(WORK_ROWS, n))
         nruns, ngaps = counters[6:]
@@ -90,28 +91,26 @@ def run(config: Config, traffic: Traffic, scratch: Scratch | None = None) -> Out
     f = config.fleet
     n = len(traffic)
     api = config.calibration.api_overhead_ms / 1000
-    disaggregated = pools.disaggregated(config)
-    plan = Plan.of(config, longest_output(config, traffic), prefix=not disaggregated)
-    if f.replicas == 1 and not disaggregated:
+    kind = pools.kind(config)
+    plan = Plan.of(config, longest_output(config, traffic), prefix=kind != "disaggregated")
+    if kind == "one":
         return run_one(config, traffic, plan, scratch)  # the single engine, to the bit
-    least_kv = f.router == "least_kv"
     arrival, prompt, output = traffic.arrival_s, traffic.prompt_tokens, traffic.output_tokens
-    draws = routes(config.workload, n, f.replicas, 0) if f.router == "random" else np.empty(n, np.int64)
-    if not disaggregated:
-        return with_api(_pool(plan, f.router, f.replicas, arrival, prompt, output, draws, scratch, counts_kv=least_kv),
-                        api)
+    draws_of = ROUTERS[f.router].draws
+    draws = routes(config.workload, n, f.replicas, 0) if draws_of else np.empty(n, np.int64)
+    if kind != "disaggregated":  # replicas apart or a coupled pool: the router decides
+        return with_api(_pool(plan, f.router, f.replicas, arrival, prompt, output, draws, scratch), api)
     # the prefill pool: every prompt as a one-token request
     prefill = Plan.of(pools.prefill_config(config), 1)
-    pre_draws = routes(config.workload, n, f.prefill_replicas, 1) if f.router == "random" else draws
-    pre = _pool(prefill, f.router, f.prefill_replicas, arrival, prompt, np.ones(n, np.int64), pre_draws, scratch,
-                counts_kv=least_kv)
+    pre_draws = routes(config.workload, n, f.prefill_replicas, 1) if draws_of else draws
+    pre = _pool(prefill, f.router, f.prefill_replicas, arrival, prompt, np.ones(n, np.int64), pre_draws, scratch)
     ended = pre.done_s  # the end of each prompt's step: its first token (engine time)
     sent = output > 1
     reached = link.kv_arrivals(config, ended, prompt, sent, pre.replica)
     ids = np.flatnonzero(sent)
     ids = ids[np.lexsort((ids, reached[ids]))]  # the decode pool's order: by KV arrival, ties by index
     dec = _pool(plan, f.router, f.replicas, reached[ids], prompt[ids], output[ids], draws[ids], scratch,
-                token_1=ended[ids], counts_kv=least_kv)
+                token_1=ended[ids])
     done = ended.copy()
     done[ids] = dec.done_s
     replica = np.full(n, -1, np.int32)

@@ -12,21 +12,19 @@ from __future__ import annotations
 import numpy as np
 
 from .._jit import inline
-from ..model.schema import ROUTERS, STATIC_ROUTERS
+from ..model.routers import ROUTERS
 
-ROUND_ROBIN, RANDOM, LEAST_OUTSTANDING, LEAST_KV = range(4)
+ROUND_ROBIN = ROUTERS["round_robin"].code  # the codes :func:`choose` tells apart (Numba reads them as constants)
+RANDOM = ROUTERS["random"].code
+LEAST_OUTSTANDING = ROUTERS["least_outstanding"].code
+LEAST_KV = ROUTERS["least_kv"].code
 ONE_ENGINE = -1  # no router: the continuous kernel's one engine takes its requests as they arrive
-CODES = {"round_robin": ROUND_ROBIN, "random": RANDOM, "least_outstanding": LEAST_OUTSTANDING, "least_kv": LEAST_KV}
-"""Router name (:data:`fastsim.model.schema.ROUTERS`) -> the code the pool kernel takes."""
-assert tuple(CODES) == ROUTERS
-
-STATIC = frozenset(STATIC_ROUTERS)  # decide without looking at the replicas
 
 
 def assign(router: str, replicas: int, routes: np.ndarray) -> np.ndarray:
     """The replica of each request (in the pool's order) under a static router; ``routes``:
     the random router's draws, a uniform replica per request."""
-    if router == "random":
+    if ROUTERS[router].draws:
         return routes.astype(np.int64)
     return np.arange(routes.size, dtype=np.int64) % replicas
 

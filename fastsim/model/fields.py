@@ -19,6 +19,13 @@ class Section(BaseModel):
 Finite = dict(allow_inf_nan=False)
 
 
+def doc(meaning: str, units: str = "") -> dict[str, Any]:
+    """A field's metadata, the one place a key's meaning and units are written: the
+    configuration reference (``fastsim keys``, docs/configuration.md) and the datasets' coordinate
+    units read it. Spread into ``Field(...)``."""
+    return {"description": meaning, "json_schema_extra": {"units": units}}
+
+
 LARGEST = 2**53
 """The largest whole number a config holds (9.0e15): every integer up to it is exact as a float
 (``1e15`` is read exactly) and fits the kernels' 64-bit counters with room for sums."""

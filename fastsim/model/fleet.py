@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import math
 
-from .schema import STATIC_ROUTERS, Config, Hardware
+from .routers import ROUTERS
+from .schema import Config, Hardware
 
 
 def disaggregated(config: Config) -> bool:
@@ -19,11 +20,11 @@ def kind(config: Config) -> str:
     reads every replica's state at each arrival); or ``disaggregated`` (a prefill pool, then
     the decode replicas)."""
     f = config.fleet
-    if f.prefill_replicas:
+    if disaggregated(config):
         return "disaggregated"
     if f.replicas == 1:
         return "one"
-    return "apart" if f.router in STATIC_ROUTERS else "pool"
+    return "pool" if ROUTERS[f.router].load_aware else "apart"
 
 
 def prefill_config(config: Config) -> Config:

@@ -1,8 +1,6 @@
-"""Every config key as a user sees it: dotted name, kind of value, default and units.
-
-Units follow from the keys' names, which carry them by convention (``_gb``, ``_tb_s``,
-``_gb_s``, ``_ms``, ``_us``, ``_s``, ``tflops``, ``tokens``); the few keys whose name cannot say
-it are listed in ``UNITS``.
+"""Every config key as a user sees it: dotted name, kind of value, default, units and meaning,
+read from the schema's field metadata (:func:`fastsim.model.fields.doc`), so the configuration
+reference (``fastsim keys``, docs/configuration.md) cannot drift from the code.
 """
 
 from __future__ import annotations
@@ -12,38 +10,14 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel
+from pydantic.fields import FieldInfo
 
 from .schema import LEAF_KEYS, POLICIES, ROUTERS, Config, ConfigError
 
-UNITS = {
-    "workload.rate": "requests/s",
-    "workload.n_requests": "requests",
-    "hardware.usd_per_gpu_hour": "USD/GPU-hour",
-    "model.kv_bytes_per_token": "bytes/token",
-    "model.params_b": "billions",
-    "engine.max_batch": "sequences",
-    "engine.max_concurrent": "sequences",
-    "engine.max_batched_tokens": "tokens",
-    "fleet.prefill_max_batched_tokens": "tokens",
-    "engine.gpu_memory_utilization": "fraction",
-    "calibration.compute_efficiency": "fraction",
-    "calibration.bandwidth_efficiency": "fraction",
-    "engine.tp": "GPUs",
-    "fleet.prefill_tp": "GPUs",
-    "fleet.replicas": "replicas",
-    "fleet.prefill_replicas": "replicas",
-    "workload.prompt.mu": "ln(tokens)",
-    "workload.prompt.sigma": "ln(tokens)",
-    "workload.output.mu": "ln(tokens)",
-    "workload.output.sigma": "ln(tokens)",
-}
-SUFFIXES = (("_tb_s", "TB/s"), ("_gb_s", "GB/s"), ("_gb", "GB"), ("_ms", "ms"), ("_us", "us"), ("_s", "s"),
-            ("tflops", "TFLOP/s"), ("tokens", "tokens"))
 # keys whose values a registry checks, not their type
 KINDS = {"engine.policy": " | ".join(POLICIES), "fleet.router": " | ".join(ROUTERS),
          "hardware.preset": "preset or null", "model.preset": "preset or null",
          "fleet.prefill_hardware": "hardware preset or null", "workload.trace": "path or null"}
-LENGTH_KEYS = ("value", "min", "max", "median", "p90")  # of workload.prompt and workload.output: tokens
 
 
 @dataclass(frozen=True)
@@ -52,15 +26,21 @@ class Key:
     kind: str
     default: Any
     units: str
+    meaning: str
+
+
+def field_of(key: str) -> FieldInfo:
+    """The pydantic field of a dotted key."""
+    model: type[BaseModel] = Config
+    *parts, leaf = key.split(".")
+    for part in parts:
+        model = model.model_fields[part].annotation
+    return model.model_fields[leaf]
 
 
 def units(key: str) -> str:
-    if key in UNITS:
-        return UNITS[key]
-    section, _, leaf = key.rpartition(".")
-    if section in ("workload.prompt", "workload.output") and leaf in LENGTH_KEYS:
-        return "tokens"
-    return next((u for suffix, u in SUFFIXES if leaf.endswith(suffix)), "")
+    """A key's units ('' when it has none)."""
+    return (field_of(key).json_schema_extra or {}).get("units", "")
 
 
 def _kind(annotation: Any) -> str:
@@ -86,10 +66,31 @@ def config_keys(section: str | None = None) -> list[Key]:
         raise ConfigError(f"{section}: not a config section or key (sections: {', '.join(sections)})")
     result = []
     for key in keys:
-        model: type[BaseModel] = Config
-        *parts, leaf = key.split(".")
-        for part in parts:
-            model = model.model_fields[part].annotation
-        field = model.model_fields[leaf]
-        result.append(Key(key, KINDS.get(key) or _kind(field.annotation), field.default, units(key)))
+        field = field_of(key)
+        result.append(Key(key, KINDS.get(key) or _kind(field.annotation), field.default, units(key),
+                          field.description or ""))
     return result
+
+
+def _default_text(value: Any) -> str:
+    return "null" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def reference_markdown() -> str:
+    """The configuration reference page (docs/configuration.md): every key, section by section,
+    with its kind, default, units and meaning."""
+    lines = ["# Configuration reference", "",
+             "Every key a config file, `--set KEY=VALUE` and a `sweep:` grid accept, generated from the schema "
+             "(`fastsim keys --markdown`; a test checks this page against it). A config states only what differs "
+             "from the defaults, which are the lesson's scenario. `null` means unset.", ""]
+    section = None
+    for k in config_keys():
+        here = k.name.rsplit(".", 1)[0]
+        if here != section:
+            if section is not None:
+                lines.append("")
+            section = here
+            lines += [f"## `{section}`", "", "| key | kind | default | units | meaning |", "| --- | --- | --- | --- | --- |"]
+        lines.append(f"| `{k.name}` | {k.kind.replace('|', '&#124;')} | {_default_text(k.default)} | {k.units} | "
+                     f"{k.meaning} |")
+    return "\n".join(lines) + "\n"

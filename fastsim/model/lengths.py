@@ -16,15 +16,20 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from .fields import Finite, Int, Section
+from .fields import Finite, Int, Section, doc
 
 Z90 = 1.2815515655446004  # the standard normal's 90th percentile
+DIST = "fixed (value), lognormal (median and p90, or mu and sigma; clamped to min..max) or uniform (min..max)"
+MU = "lognormal: mean of the log of the length"
+SIGMA = "lognormal: standard deviation of the log of the length"
 
 
 class _Lengths(Section):
     dist: Literal["fixed", "lognormal", "uniform"]
-    median: float | None = Field(None, gt=0, **Finite)
-    p90: float | None = Field(None, gt=0, **Finite)
+    median: float | None = Field(None, gt=0, **Finite, **doc("lognormal: the median length (sets mu = ln median)",
+                                                              "tokens"))
+    p90: float | None = Field(None, gt=0, **Finite, **doc(
+        "lognormal: the unclamped 90th percentile (sets sigma = ln(p90 / median) / 1.2816)", "tokens"))
 
     @model_validator(mode="after")
     def _consistent(self) -> _Lengths:
@@ -67,18 +72,18 @@ class _Lengths(Section):
 
 
 class Prompt(_Lengths):
-    dist: Literal["fixed", "lognormal", "uniform"] = "fixed"
-    value: Int = Field(1000, ge=0)
-    mu: float = Field(6.9, **Finite)
-    sigma: float = Field(1.0, ge=0, **Finite)
-    min: Int = Field(1, ge=0)
-    max: Int = Field(8192, ge=0)
+    dist: Literal["fixed", "lognormal", "uniform"] = Field("fixed", **doc(DIST))
+    value: Int = Field(1000, ge=0, **doc("fixed: every length", "tokens"))
+    mu: float = Field(6.9, **Finite, **doc(MU, "ln(tokens)"))
+    sigma: float = Field(1.0, ge=0, **Finite, **doc(SIGMA, "ln(tokens)"))
+    min: Int = Field(1, ge=0, **doc("lognormal and uniform: the shortest length", "tokens"))
+    max: Int = Field(8192, ge=0, **doc("lognormal and uniform: the longest length", "tokens"))
 
 
 class Output(_Lengths):
-    dist: Literal["fixed", "lognormal", "uniform"] = "lognormal"
-    mu: float = Field(4.5, **Finite)
-    sigma: float = Field(1.0, ge=0, **Finite)
-    min: Int = Field(1, ge=1)
-    max: Int = Field(2000, ge=1)
-    value: Int = Field(148, ge=1)
+    dist: Literal["fixed", "lognormal", "uniform"] = Field("lognormal", **doc(DIST))
+    mu: float = Field(4.5, **Finite, **doc(MU, "ln(tokens)"))
+    sigma: float = Field(1.0, ge=0, **Finite, **doc(SIGMA, "ln(tokens)"))
+    min: Int = Field(1, ge=1, **doc("lognormal and uniform: the shortest length", "tokens"))
+    max: Int = Field(2000, ge=1, **doc("lognormal and uniform: the longest length", "tokens"))
+    value: Int = Field(148, ge=1, **doc("fixed: every length", "tokens"))

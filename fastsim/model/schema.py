@@ -21,14 +21,14 @@ from pydantic import (
     model_validator,
 )
 
-from .fields import ConfigError, Finite, Int, Section  # ConfigError: imported from here by every layer
+from .fields import ConfigError, Finite, Int, Section, doc  # ConfigError: imported from here by every layer
 from .lengths import Output, Prompt
+from . import routers
 from .presets import HARDWARE, REGISTRIES
 
 # The names a config may use; the engine's registries map each to its kernel or router.
 POLICIES = ("static", "dynamic", "continuous")
-ROUTERS = ("round_robin", "random", "least_outstanding", "least_kv")
-STATIC_ROUTERS = ("round_robin", "random")  # decide from the arrivals alone, not the replicas' state
+ROUTERS = tuple(routers.ROUTERS)
 # The most replicas a pool has: beyond any fleet built, and a simulation's state (and set-up
 # time, ~2 us a replica) stays small.
 LARGEST_POOL = 1_000_000
@@ -39,7 +39,8 @@ class _Preset(Section):
     config does not set explicitly takes the preset's value."""
 
     section: ClassVar[str]
-    preset: str | None = None
+    preset: str | None = Field(None, **doc("a named preset that fills every field of the section the config does not "
+                                          "set (`fastsim presets` lists them)"))
 
     @field_validator("preset")
     @classmethod
@@ -61,42 +62,55 @@ class _Preset(Section):
 
 class Hardware(_Preset):
     section: ClassVar[str] = "hardware"
-    mem_bandwidth_tb_s: float = Field(3.35, gt=0, **Finite)
-    # None: compute is free (the lesson); else dense BF16 TFLOP/s
-    peak_tflops: float | None = Field(None, gt=0, **Finite)
-    # None: KV memory is unlimited, unless engine.kv_cache_gb is set
-    mem_gb: float | None = Field(None, gt=0, **Finite)
-    link_gb_s: float | None = Field(None, gt=0, **Finite)
-    link_latency_us: float = Field(0.0, ge=0, **Finite)
-    # on-demand price of one GPU-hour, USD (a preset's, with its source in presets.py); None: unknown
-    usd_per_gpu_hour: float | None = Field(None, ge=0, **Finite)
+    mem_bandwidth_tb_s: float = Field(3.35, gt=0, **Finite, **doc("memory bandwidth of one GPU", "TB/s"))
+    peak_tflops: float | None = Field(None, gt=0, **Finite, **doc(
+        "dense BF16 peak of one GPU (null: compute is free, as in the lesson)", "TFLOP/s"))
+    mem_gb: float | None = Field(None, gt=0, **Finite, **doc(
+        "memory of one GPU (null: the KV cache is unlimited unless engine.kv_cache_gb is set)", "GB"))
+    link_gb_s: float | None = Field(None, gt=0, **Finite, **doc(
+        "tensor-parallel link bandwidth per direction, per GPU", "GB/s"))
+    link_latency_us: float = Field(0.0, ge=0, **Finite, **doc("latency of one all-reduce on the tensor-parallel link",
+                                                                "us"))
+    usd_per_gpu_hour: float | None = Field(None, ge=0, **Finite, **doc(
+        "on-demand price of one GPU-hour (a preset carries one, with its source; null: unknown, cost is NaN)",
+        "USD/GPU-hour"))
 
 
 class Model(_Preset):
     section: ClassVar[str] = "model"
-    weight_gb: float = Field(15.008, ge=0, **Finite)
-    kv_bytes_per_token: float = Field(131072.0, ge=0, **Finite)
-    # None: no compute cost (the lesson)
-    params_b: float | None = Field(None, gt=0, **Finite)
-    n_layers: Int | None = Field(None, ge=1)
-    attn_dim: Int | None = Field(None, ge=1)
-    hidden: Int | None = Field(None, ge=1)
+    weight_gb: float = Field(15.008, ge=0, **Finite, **doc("weights, read once every step", "GB"))
+    kv_bytes_per_token: float = Field(131072.0, ge=0, **Finite, **doc("KV cache of one token, all layers",
+                                                                       "bytes/token"))
+    params_b: float | None = Field(None, gt=0, **Finite, **doc(
+        "parameters each token is computed with, active ones for a mixture of experts (null: compute is free)",
+        "billions"))
+    n_layers: Int | None = Field(None, ge=1, **doc("transformer layers (attention cost, per-layer overhead, "
+                                                   "all-reduces)", "layers"))
+    attn_dim: Int | None = Field(None, ge=1, **doc("attention heads x head dimension (the query-key cost)"))
+    hidden: Int | None = Field(None, ge=1, **doc("hidden size (the all-reduces' payload)"))
 
 
 class Engine(Section):
-    policy: str = "continuous"
-    max_batch: Int = Field(64, ge=1)
-    # None: no cap beyond max_batch.
-    max_concurrent: Int | None = Field(None, ge=1)
-    window_ms: float = Field(50.0, ge=0, **Finite)
-    # Token budget per step (vLLM's max_num_batched_tokens); None: unlimited (no chunked prefill)
-    max_batched_tokens: Int | None = Field(None, ge=1)
-    tp: Int = Field(1, ge=1)
-    kv_alloc: Literal["paged", "reserve"] = "paged"
-    block_tokens: Int = Field(16, ge=1)
-    gpu_memory_utilization: float = Field(0.9, gt=0, le=1, **Finite)
-    reserved_gb: float = Field(2.0, ge=0, **Finite)
-    kv_cache_gb: float | None = Field(None, gt=0, **Finite)
+    policy: str = Field("continuous", **doc("batching policy: static, dynamic or continuous"))
+    max_batch: Int = Field(64, ge=1, **doc("batch slots (vLLM's max_num_seqs)", "sequences"))
+    max_concurrent: Int | None = Field(None, ge=1, **doc(
+        "cap on running sequences (null: none); the running limit is min(max_batch, cap)", "sequences"))
+    window_ms: float = Field(50.0, ge=0, **Finite, **doc(
+        "dynamic batching: a batch also starts once the oldest waiting request has waited this long", "ms"))
+    max_batched_tokens: Int | None = Field(None, ge=1, **doc(
+        "token budget per step, chunked prefill (vLLM's max_num_batched_tokens; null: unlimited)", "tokens"))
+    tp: Int = Field(1, ge=1, **doc("tensor-parallel GPUs per replica", "GPUs"))
+    kv_alloc: Literal["paged", "reserve"] = Field("paged", **doc(
+        "paged: blocks as tokens are computed, preemption when they run out; reserve: prompt + longest "
+        "output at admission"))
+    block_tokens: Int = Field(16, ge=1, **doc("tokens per KV block", "tokens"))
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1, **Finite, **doc(
+        "share of GPU memory the engine takes; KV cache = tp (mem_gb x this - reserved_gb) - weight_gb",
+        "fraction"))
+    reserved_gb: float = Field(2.0, ge=0, **Finite, **doc("memory per GPU kept for activations and CUDA graphs",
+                                                           "GB"))
+    kv_cache_gb: float | None = Field(None, gt=0, **Finite, **doc(
+        "the KV cache of a replica outright, overriding the memory rule (null: from memory)", "GB"))
 
     @field_validator("policy")
     @classmethod
@@ -110,22 +124,24 @@ class Engine(Section):
 
 
 class Workload(Section):
-    # None: every request of workload.trace
-    n_requests: Int | None = Field(3000, ge=1)
-    # requests per second; with a trace, its arrival times are rescaled to this mean (None: as recorded)
-    rate: float | None = Field(8.0, gt=0, **Finite)
-    seed: Int = Field(7, ge=0)
-    rng: Literal["stdlib", "numpy"] = "numpy"
+    n_requests: Int | None = Field(3000, ge=1, **doc(
+        "requests simulated (with a trace: its first n; null: all of it)", "requests"))
+    rate: float | None = Field(8.0, gt=0, **Finite, **doc(
+        "mean arrival rate; a trace's arrival times are rescaled to it (null: as recorded)", "requests/s"))
+    seed: Int = Field(7, ge=0, **doc("seed of every random stream of the traffic"))
+    rng: Literal["stdlib", "numpy"] = Field("numpy", **doc(
+        "numpy: fast vectorised streams; stdlib: Python's random, the lesson's exact traffic"))
     prompt: Prompt = Prompt()
     output: Output = Output()
-    prefix_tokens: Int = Field(0, ge=0)
-    # poisson: exponential gaps; gamma: gamma gaps of shape `burstiness` (1 = Poisson, < 1
-    # burstier, > 1 smoother; vLLM bench's --burstiness); constant: every 1/rate, from 1/rate
-    arrival: Literal["poisson", "gamma", "constant"] = "poisson"
-    burstiness: float = Field(1.0, gt=0, **Finite)
-    # a recorded trace (CSV) replacing arrivals and lengths; a relative path is relative to the
-    # config file that names it
-    trace: str | None = None
+    prefix_tokens: Int = Field(0, ge=0, **doc(
+        "a shared prefix every prompt starts with, cached: whole blocks of it are pinned and never recomputed",
+        "tokens"))
+    arrival: Literal["poisson", "gamma", "constant"] = Field("poisson", **doc(
+        "poisson: exponential gaps; gamma: gamma gaps of shape burstiness; constant: every 1/rate, from 1/rate"))
+    burstiness: float = Field(1.0, gt=0, **Finite, **doc(
+        "gamma arrivals' shape: 1 is Poisson, below 1 burstier, above 1 smoother (vLLM bench's --burstiness)"))
+    trace: str | None = Field(None, **doc(
+        "a recorded trace (CSV) replacing arrivals and lengths; relative to the config file that names it"))
 
     @property
     def max_output(self) -> int:
@@ -134,35 +150,46 @@ class Workload(Section):
 
 
 class Calibration(Section):
-    compute_efficiency: float = Field(1.0, gt=0, le=1, **Finite)
-    bandwidth_efficiency: float = Field(1.0, gt=0, le=1, **Finite)
-    step_overhead_ms: float = Field(0.0, ge=0, **Finite)
-    # a fixed time per layer of every step (its kernels' launch and tail latencies), on top
-    layer_overhead_us: float = Field(0.0, ge=0, **Finite)
-    api_overhead_ms: float = Field(0.0, ge=0, **Finite)
+    compute_efficiency: float = Field(1.0, gt=0, le=1, **Finite, **doc("achieved share of peak FLOP/s",
+                                                                        "fraction"))
+    bandwidth_efficiency: float = Field(1.0, gt=0, le=1, **Finite, **doc("achieved share of memory bandwidth",
+                                                                          "fraction"))
+    step_overhead_ms: float = Field(0.0, ge=0, **Finite, **doc(
+        "fixed cost of every step (scheduling, launches)", "ms"))
+    layer_overhead_us: float = Field(0.0, ge=0, **Finite, **doc(
+        "added to every step per model layer (kernel latencies that grow with depth)", "us"))
+    api_overhead_ms: float = Field(0.0, ge=0, **Finite, **doc(
+        "added to every token's time as the client sees it (HTTP, tokenising)", "ms"))
 
 
 class Slo(Section):
     """Service-level objectives: a request is good when it meets every one that is set (vLLM
     bench's --goodput rule; TPOT counts as 0 for a one-token output). None: not an objective."""
 
-    ttft_s: float | None = Field(None, gt=0, **Finite)
-    tpot_s: float | None = Field(None, gt=0, **Finite)
-    e2e_s: float | None = Field(None, gt=0, **Finite)
+    ttft_s: float | None = Field(None, gt=0, **Finite, **doc("time to first token a good request meets", "s"))
+    tpot_s: float | None = Field(None, gt=0, **Finite, **doc("time per output token a good request meets", "s"))
+    e2e_s: float | None = Field(None, gt=0, **Finite, **doc("end-to-end latency a good request meets", "s"))
 
 
 class Fleet(Section):
     """Replicas behind a router, and an optional prefill pool (DESIGN.md, "The fleet model").
     None: as the engine (prefill_tp, prefill_max_batched_tokens) or the config's hardware."""
 
-    replicas: Int = Field(1, ge=1, le=LARGEST_POOL)
-    router: str = "round_robin"
-    prefill_replicas: Int = Field(0, ge=0, le=LARGEST_POOL)
-    prefill_tp: Int | None = Field(None, ge=1)
-    prefill_hardware: str | None = None
-    prefill_max_batched_tokens: Int | None = Field(None, ge=1)
-    kv_link_gb_s: float = Field(50.0, gt=0, **Finite)  # one 400 Gb/s NIC
-    kv_link_latency_ms: float = Field(0.0, ge=0, **Finite)
+    replicas: Int = Field(1, ge=1, le=LARGEST_POOL, **doc(
+        "replicas of the engine (decode replicas, with a prefill pool)", "replicas"))
+    router: str = Field("round_robin", **doc(
+        "round_robin, random, least_outstanding or least_kv: which replica each request goes to"))
+    prefill_replicas: Int = Field(0, ge=0, le=LARGEST_POOL, **doc(
+        "a prefill pool in front (0: colocated; else the replicas only decode)", "replicas"))
+    prefill_tp: Int | None = Field(None, ge=1, **doc("tensor-parallel GPUs per prefill replica (null: engine.tp)",
+                                                     "GPUs"))
+    prefill_hardware: str | None = Field(None, **doc(
+        "hardware preset of the prefill replicas (null: the config's hardware)"))
+    prefill_max_batched_tokens: Int | None = Field(None, ge=1, **doc(
+        "token budget of a prefill replica's step (null: the engine's)", "tokens"))
+    kv_link_gb_s: float = Field(50.0, gt=0, **Finite, **doc(
+        "each prefill replica's KV link to the decode pool (50: one 400 Gb/s NIC)", "GB/s"))
+    kv_link_latency_ms: float = Field(0.0, ge=0, **Finite, **doc("fixed latency of one KV transfer", "ms"))
 
     @field_validator("router")
     @classmethod

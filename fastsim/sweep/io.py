@@ -23,6 +23,7 @@ from ..analysis.metrics import INTEGER_METRICS, METRICS
 from ..analysis.plan import CANNOT_RUN, FIRST_METRIC, NEVER_MET, ranking
 from ..engine.checks import check
 from ..analysis.simulation import Result
+from ..model.keys import units
 from ..model.schema import Config, ConfigError
 from .._atomic import atomic_path, disk_error
 from .grid import Grid
@@ -30,41 +31,6 @@ from .grid import Grid
 if TYPE_CHECKING:
     import xarray as xr
 
-# Units of sweep coordinates, by axis name; axes not listed are dimensionless.
-AXIS_UNITS = {
-    "rate": "requests/s",
-    "window_ms": "ms",
-    "mem_bandwidth_tb_s": "TB/s",
-    "weight_gb": "GB",
-    "kv_bytes_per_token": "bytes",
-    "prompt_tokens": "tokens",
-    "max_batch": "sequences",
-    "max_concurrent": "sequences",
-    "n_requests": "requests",
-    "min": "tokens",
-    "max": "tokens",
-    "value": "tokens",
-    "peak_tflops": "TFLOP/s",
-    "mem_gb": "GB",
-    "link_gb_s": "GB/s",
-    "link_latency_us": "us",
-    "params_b": "1e9 parameters",
-    "max_batched_tokens": "tokens",
-    "tp": "GPUs",
-    "block_tokens": "tokens",
-    "reserved_gb": "GB",
-    "kv_cache_gb": "GB",
-    "step_overhead_ms": "ms",
-    "api_overhead_ms": "ms",
-    "prefix_tokens": "tokens",
-    "usd_per_gpu_hour": "USD/hour",
-    "replicas": "replicas",
-    "prefill_replicas": "replicas",
-    "prefill_tp": "GPUs",
-    "prefill_max_batched_tokens": "tokens",
-    "kv_link_gb_s": "GB/s",
-    "kv_link_latency_ms": "ms",
-}
 
 
 @dataclass(frozen=True)
@@ -150,21 +116,16 @@ def sweep_layout(grid: Grid, table: np.ndarray) -> Layout:
     coords = {}
     for dim, key, values in zip(dims_, grid.keys, grid.axes):
         attrs = {"config_key": key}
-        if dim in AXIS_UNITS:
-            attrs["units"] = AXIS_UNITS[dim]
+        if units(key):
+            attrs["units"] = units(key)
         coords[dim] = ((dim,), _coordinate(values), attrs)
     data = {}
-    for k, (name, (units, long_name)) in enumerate(METRICS.items()):
+    for k, (name, metric) in enumerate(METRICS.items()):
         values = table[..., k]
         if name in INTEGER_METRICS and np.isfinite(values).all():  # a capacity search can find no rate
             values = values.astype(np.int64)
-        data[name] = (dims_, values, {"units": units, "long_name": long_name})
+        data[name] = (dims_, values, {"units": metric.units, "long_name": metric.long_name})
     return Layout(coords, data, _provenance(grid.base))
-
-
-def sweep_dataset(grid: Grid, table: np.ndarray) -> xr.Dataset:
-    """The sweep grid as an xarray Dataset (see :func:`sweep_layout`)."""
-    return sweep_layout(grid, table).to_dataset()
 
 
 def requests_layout(result: Result) -> Layout:

@@ -54,17 +54,14 @@ INTERRUPT_S = 0.2
 
 class Task(Protocol):
     """What a grid computes per point: rows of float64 for a block of points' configs. ``stop``
-    (threads only) is set on Ctrl-C: a long task returns early by raising :class:`Stopped`."""
+    (threads only) is set on Ctrl-C: a long task returns early by raising
+    :class:`fastsim.analysis.targets.Stopped`."""
 
     columns: list[str]
     name: str  # what computed the rows, for the checkpoint's fingerprint
     seconds_per_request: float  # a point's work per simulated request, for sizing blocks
 
     def __call__(self, configs: list[Config], stop: threading.Event | None) -> np.ndarray: ...
-
-
-class Stopped(Exception):
-    """A task saw its stop flag (Ctrl-C) and gave up its block."""
 
 
 class Simulate:

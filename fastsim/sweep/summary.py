@@ -30,25 +30,15 @@ FULL_TABLE_MAX_ROWS = 40
 SUSTAINED_TTFT_P50_S = 1.0
 SUSTAINED_ATTAINMENT = 0.9
 
-# (metric, header, scale, format)
-COLUMNS = [
-    ("throughput_tok_s", "tok/s", 1, "{:.0f}"),
-    ("slot_use", "slot use", 100, "{:.0f}%"),
-    ("ttft_p50_s", "TTFT p50", 1, "{:.2f}s"),
-    ("ttft_p99_s", "TTFT p99", 1, "{:.2f}s"),
-    ("e2e_p50_s", "e2e p50", 1, "{:.1f}s"),
-    ("e2e_p99_s", "e2e p99", 1, "{:.1f}s"),
-    ("tpot_p99_s", "TPOT p99", 1000, "{:.1f}ms"),
-    ("itl_p99_s", "ITL p99", 1000, "{:.1f}ms"),
-]
+def _shown(*names: str) -> list[tuple[str, str, float, str]]:
+    """(metric, header, scale, format) of each, as the metrics catalog declares them."""
+    return [(name, METRICS[name].header, METRICS[name].scale, METRICS[name].fmt) for name in names]
+
+
+COLUMNS = _shown("throughput_tok_s", "slot_use", "ttft_p50_s", "ttft_p99_s", "e2e_p50_s", "e2e_p99_s", "tpot_p99_s",
+                 "itl_p99_s")
 # Shown only when some point has them: preemptions, and KV cache use with a limited cache.
-OPTIONAL_COLUMNS = [
-    ("preemptions", "preempt", 1, "{:.0f}"),
-    ("kv_peak_use", "KV peak", 100, "{:.0f}%"),
-    ("slo_attainment", "SLO met", 100, "{:.1f}%"),
-    ("gpus", "GPUs", 1, "{:.0f}"),
-    ("usd_per_mtok", "$/Mtok", 1, "{:.2f}"),
-]
+OPTIONAL_COLUMNS = _shown("preemptions", "kv_peak_use", "slo_attainment", "gpus", "usd_per_mtok")
 
 
 def columns(table: np.ndarray) -> list[tuple]:

@@ -45,7 +45,7 @@ def test_quantiles_of_nothing_are_nan():
 def test_every_metric_has_units_and_a_name():
     r = simulate(Config().with_values({"workload.n_requests": 500}))
     assert list(r.metrics) == list(METRICS)
-    assert all(units and long_name for units, long_name in METRICS.values())
+    assert all(m.units and m.long_name and m.header for m in METRICS.values())
 
 
 def test_definitions():

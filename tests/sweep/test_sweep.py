@@ -51,7 +51,8 @@ def test_dataset_is_labelled(small, tmp_path):
     with xr.open_dataset(out) as ds:
         assert list(ds.throughput_tok_s.dims) == ["policy", "max_batch", "rate", "max_concurrent"]
         assert list(ds.data_vars) == list(METRICS)
-        for name, (units, long_name) in METRICS.items():
+        for name, metric in METRICS.items():
+            units, long_name = metric.units, metric.long_name
             assert ds[name].attrs == {"units": units, "long_name": long_name}
         assert ds.rate.attrs["units"] == "requests/s"
         assert ds.policy.values.tolist() == ["static", "dynamic", "continuous"]

@@ -84,7 +84,7 @@ def continuous(arrival, prompt, output, replicas, code, routes, limit, k, budget
     arrival : float64 (n,)    when each request arrives (s), non-decreasing
     prompt, output : int64 (n,)    prompt and output lengths (tokens; output >= 1)
     replicas : int    replicas (1 for one engine)
-    code : int    the router (:data:`fastsim.engine.router.CODES`), or ``ONE_ENGINE``
+    code : int    the router (:data:`fastsim.model.routers.ROUTERS`' code), or ``ONE_ENGINE``
     routes : int64 (n,)    the random router's replica per request (else unused, may be empty)
     limit : int    most requests running at once on a replica
     k : float64 (7,)    step-time coefficients (:func:`fastsim.model.cost.coefficients`)
