@@ -9,8 +9,9 @@ traces, the checks that a scenario can run, the Numba kernels, routers, fleets) 
 """
 
 from ._version import __version__
-from .api import calibrate, load_config, simulate, sweep
+from .api import calibrate, capacity, load_config, plan, simulate, sweep
 from .model.schema import Config, ConfigError
 from .analysis.simulation import Result
 
-__all__ = ["Config", "ConfigError", "Result", "calibrate", "load_config", "simulate", "sweep", "__version__"]
+__all__ = ["Config", "ConfigError", "Result", "calibrate", "capacity", "load_config", "plan", "simulate", "sweep",
+           "__version__"]

@@ -13,7 +13,7 @@ from ._atomic import atomic_path, check_writable
 from .analysis.capacity import RATE, CapacitySearch
 from .analysis.plan import MAX_REPLICAS, REPLICAS, PlanSearch
 from .analysis.simulation import Result, simulate
-from .analysis.targets import Target
+from .analysis.targets import Target, targets_from
 from .engine import checks
 from .model.loading import read_config
 from .model.schema import Config, ConfigError
@@ -26,8 +26,8 @@ from .sweep.runner import Progress, Task, check_scheduler, run_grid
 if TYPE_CHECKING:
     import xarray as xr
 
-__all__ = ["Result", "calibrate", "capacity_to_file", "checkpoint_path", "load_config", "plan_to_file", "simulate",
-           "sweep", "sweep_to_file"]
+__all__ = ["Result", "calibrate", "capacity", "capacity_to_file", "checkpoint_path", "load_config", "plan",
+           "plan_to_file", "simulate", "sweep", "sweep_to_file", "targets"]
 
 
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Config:
@@ -130,6 +130,33 @@ def capacity_settings(config: Config) -> Grid:
     return build_grid(config.model_copy(update={"sweep": {k: v for k, v in config.sweep.items() if k != RATE}}))
 
 
+def targets(config: Config, texts: list[str] | None = None, attainment: float | None = None,
+            what: str = "capacity") -> list[Target]:
+    """The targets a capacity search or a plan holds to: each of ``texts`` (``'ttft_p99_s<=0.5'``),
+    plus the config's SLO met by ``attainment`` (default 0.9) of requests when ``attainment`` is
+    given or no text is. A target that cannot be read is a :class:`ConfigError`."""
+    return targets_from(config, texts, attainment, what)
+
+
+def capacity(
+    config: Config,
+    target: list[str] | None = None,
+    attainment: float | None = None,
+    workers: int | None = None,
+    scheduler: str | None = None,
+    on_progress: Progress | None = None,
+    max_memory: int | None = None,
+) -> xr.Dataset:
+    """The highest ``workload.rate`` at which every target holds (to 1 %), for every setting of
+    ``config``'s grid with its rate axis removed, as a Dataset: ``max_rate_rps``, ``binding`` (the
+    target that fails just above it) and every metric at that rate. Targets as :func:`targets`
+    (default: the config's SLO met by 90 % of requests)."""
+    goals = targets(config, target, attainment)
+    grid = _fits(capacity_settings(config), workers, scheduler, max_memory, 0)
+    table = run_grid(grid, workers, scheduler, on_progress=on_progress, task=CapacitySearch(goals))
+    return io.capacity_layout(grid, table, goals).to_dataset()
+
+
 def capacity_to_file(
     config: Config,
     targets: list[Target],
@@ -158,6 +185,27 @@ def plan_candidates(config: Config) -> Grid:
         raise ConfigError(f"sweep: {REPLICAS} is what fastsim plan chooses; take it out of the grid "
                           "(the candidates are every other axis)")
     return build_grid(config, check=False)  # a candidate that cannot run is an answer, not an error
+
+
+def plan(
+    config: Config,
+    target: list[str] | None = None,
+    attainment: float | None = None,
+    max_replicas: int = MAX_REPLICAS,
+    workers: int | None = None,
+    scheduler: str | None = None,
+    on_progress: Progress | None = None,
+    max_memory: int | None = None,
+) -> xr.Dataset:
+    """For every candidate of ``config``'s grid (any axis but ``fleet.replicas``), the fewest
+    replicas, up to ``max_replicas``, whose fleet meets every target at the workload's traffic,
+    as a Dataset over the candidates: ``replicas`` (NaN: none), ``rank`` (1: cheapest by USD per
+    hour, then GPUs, then TTFT p99), ``binding`` and every metric at the answer. Targets as
+    :func:`targets`."""
+    goals = targets(config, target, attainment, "plan")
+    grid = _fits(plan_candidates(config), workers, scheduler, max_memory, 0)
+    table = run_grid(grid, workers, scheduler, on_progress=on_progress, task=PlanSearch(goals, max_replicas))
+    return io.plan_layout(grid, table, goals, max_replicas).to_dataset()
 
 
 def plan_to_file(

@@ -1,5 +1,5 @@
 """Test helpers: configs drawn at random (hypothesis) and the oracles' engines built from a
-config with DESIGN.md's formulas written out again."""
+config with the docs' formulas written out again."""
 
 import math
 
@@ -16,7 +16,7 @@ from .oracles import serving as oracle_serving
 
 # The serving kernels sum long runs of bare steps in closed form, rounding once per run where the
 # oracles round once per step: times agree to this relative tolerance, every count exactly
-# (README "Bare steps in closed form").
+# (docs/model/serving.md, "Bare steps in closed form").
 REL = 1e-9
 
 
@@ -34,7 +34,7 @@ def dirty_scratch() -> Scratch:
 
 
 def oracle_engine(c: Config, prefill: bool = False) -> oracle_serving.Engine:
-    """The oracle's engine, with DESIGN.md's formulas written out again (not fastsim's). With
+    """The oracle's engine, with the docs' formulas written out again (not fastsim's). With
     ``prefill``, a prefill replica's: ``fleet.prefill_hardware`` (a preset), ``prefill_tp`` and
     ``prefill_max_batched_tokens`` (default the engine's), every request of output 1; a decode
     replica (a prefill pool exists, not ``prefill``) pins no prefix."""

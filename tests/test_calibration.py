@@ -1,5 +1,5 @@
-"""The calibration against measured vLLM runs: the README's table is what fastsim predicts today,
-and the calibrated model stays within the errors the README states."""
+"""The calibration against measured vLLM runs: the table of docs/validation.md is what fastsim
+predicts today, and the calibrated model stays within the errors the docs state."""
 
 import re
 
@@ -36,8 +36,8 @@ def test_one_calibration_for_every_model(root):
         assert fastsim.load_config(root / "sweeps" / f"{study}.yaml").calibration == h100.calibration
 
 
-def test_readme_table_is_todays_prediction(root, predicted):
-    rows = [line for line in (root / "README.md").read_text().splitlines() if line.startswith("| Llama-2-")]
+def test_the_docs_table_is_todays_prediction(root, predicted):
+    rows = [line for line in (root / "docs/validation.md").read_text().splitlines() if line.startswith("| Llama-2-")]
     assert len(rows) == 4
     for row, key in zip(rows, MEASURED):
         numbers = [float(x) for x in re.findall(r"(?<![\w.])[-+]?\d+(?:\.\d+)?", row.split("|", 3)[3])]
@@ -59,7 +59,7 @@ def test_mean_latencies_stay_within_the_stated_errors(predicted):
 
 def test_the_shipped_calibration_is_the_fit_of_the_open_data(root):
     """configs/h100.yaml carries what `fastsim calibrate` fits to the measured runs: refitting
-    from it (the calibration config extends it) returns it (README "Calibration")."""
+    from it (the calibration config extends it) returns it (docs/validation.md, "Calibration")."""
     folder = root / "configs/calibration"
     fit = fastsim.calibrate(fastsim.load_config(folder / "vllm-h100.yaml"), [folder / "vllm-h100.csv"])
     shipped = fastsim.load_config(root / "configs/h100.yaml").calibration.model_dump()

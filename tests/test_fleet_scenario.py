@@ -1,4 +1,4 @@
-"""The README's fleet table is what `fastsim sweep configs/llama70b-fleet.yaml` gives today, and
+"""The fleet table of docs/model/fleets.md is what `fastsim sweep configs/llama70b-fleet.yaml` gives today, and
 its lessons hold: disaggregation pays on long prompts with a prefill pool sized for them."""
 
 import re
@@ -19,8 +19,8 @@ LAYOUTS = {"4 colocated": (4, 0), "2 prefill + 2 decode": (2, 2), "1 prefill + 3
            "3 prefill + 1 decode": (1, 3)}
 
 
-def test_readme_fleet_table_is_todays_sweep(root, fleet):
-    rows = [line for line in (root / "README.md").read_text().splitlines()
+def test_the_docs_fleet_table_is_todays_sweep(root, fleet):
+    rows = [line for line in (root / "docs/model/fleets.md").read_text().splitlines()
             if re.match(r"\| [14],000 \| \d .*(colocated|decode) \|", line)]
     assert len(rows) == 6
     for row in rows:

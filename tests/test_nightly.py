@@ -1,5 +1,5 @@
 """The nightly regression: the study, run now, matches the committed baseline (fastsim compare
---drift: a prediction that moved either way fails, as the README's nightly job does)."""
+--drift: a prediction that moved either way fails, as the nightly job of docs/outputs.md does)."""
 
 from typer.testing import CliRunner
 

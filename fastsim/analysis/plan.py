@@ -1,5 +1,5 @@
-"""The planner's question: the cheapest fleet that meets the targets (DESIGN.md, "The planner's
-question").
+"""The planner's question: the cheapest fleet that meets the targets (docs/planning.md,
+"Plan").
 
 For one candidate setting (a config), :func:`search` finds the fewest ``fleet.replicas`` (up to a
 limit) whose fleet meets every target at the workload's traffic: doubling from one replica until

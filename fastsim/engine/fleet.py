@@ -1,4 +1,4 @@
-"""Fleets (DESIGN.md, "The fleet model"): ``fleet.replicas`` copies of the config's engine behind
+"""Fleets (docs/model/fleets.md): ``fleet.replicas`` copies of the config's engine behind
 a router, optionally with a prefill pool in front. The driver folds each pool into a kernel
 plan once, routes, runs the pools and pools their outcomes into one (counters summed, latencies
 over every request, the step runs of every replica for the inter-token latencies).

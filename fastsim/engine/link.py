@@ -1,7 +1,7 @@
 """The KV link of each prefill replica: finished prompts cross it to the decode pool first come
 first served (ties: lower index); a transfer starts at max(prefill end, link free) and takes
 ``fleet.kv_link_latency_ms`` 1e-3 + prompt x ``model.kv_bytes_per_token`` / (``fleet.kv_link_gb_s``
-1e9) seconds (DESIGN.md, "The fleet model")."""
+1e9) seconds (docs/model/fleets.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Routers: which replica of a pool each request goes to (DESIGN.md, "The fleet model").
+"""Routers: which replica of a pool each request goes to (docs/model/fleets.md).
 
 Requests are routed in the pool's order (arrival order; for a decode pool, KV-arrival order).
 ``round_robin`` and ``random`` decide from the request alone, so their replicas can run apart

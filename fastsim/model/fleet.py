@@ -1,5 +1,5 @@
 """The fleet's pools as configs and formulas: what a prefill replica runs, how many GPUs a fleet
-takes and what they cost per hour (DESIGN.md, "The fleet model")."""
+takes and what they cost per hour (docs/model/fleets.md)."""
 
 from __future__ import annotations
 

@@ -172,7 +172,7 @@ class Slo(Section):
 
 
 class Fleet(Section):
-    """Replicas behind a router, and an optional prefill pool (DESIGN.md, "The fleet model").
+    """Replicas behind a router, and an optional prefill pool (docs/model/fleets.md).
     None: as the engine (prefill_tp, prefill_max_batched_tokens) or the config's hardware."""
 
     replicas: Int = Field(1, ge=1, le=LARGEST_POOL, **doc(

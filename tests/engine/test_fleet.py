@@ -1,5 +1,5 @@
 """Fleets: replicas behind routers and prefill/decode disaggregation, against the fleet oracle
-(written from DESIGN.md), one replica as the single engine, and what a planner relies on."""
+(written from the rules of docs/model/), one replica as the single engine, and what a planner relies on."""
 
 import math
 
@@ -143,7 +143,7 @@ def test_least_outstanding_cuts_ttft_p99_near_saturation_on_a_real_trace(root):
                   for router in ("round_robin", "least_outstanding", "least_kv"))
     assert lo["ttft_p99_s"] < 0.9 * rr["ttft_p99_s"]
     assert lo["e2e_mean_s"] <= rr["e2e_mean_s"] * 1.005
-    # as the README says: 0.48 s, 0.26 s, 1.21 s (a queued request holds no KV blocks: least_kv herds)
+    # as docs/model/fleets.md says: 0.48 s, 0.26 s, 1.21 s (a queued request holds no KV blocks: least_kv herds)
     assert [round(m["ttft_p99_s"], 2) for m in (rr, lo, kv)] == [0.48, 0.26, 1.21]
 
 
@@ -161,7 +161,7 @@ def test_both_load_aware_routers_cut_ttft_p99_when_the_kv_cache_binds(root):
         assert m["ttft_p99_s"] < 0.9 * rr["ttft_p99_s"]
         assert m["e2e_mean_s"] <= rr["e2e_mean_s"] * 1.005
         assert m["preemptions"] < rr["preemptions"]
-    # as the README says: 4.47 s, 0.19 s, 0.28 s
+    # as docs/model/fleets.md says: 4.47 s, 0.19 s, 0.28 s
     assert [round(m["ttft_p99_s"], 2) for m in (rr, lo, kv)] == [4.47, 0.19, 0.28]
 
 

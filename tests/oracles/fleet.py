@@ -1,4 +1,4 @@
-"""A deliberately simple pure-Python simulator of DESIGN.md's fleet model: the third oracle.
+"""A deliberately simple pure-Python simulator of the fleet model (docs/model/fleets.md): the third oracle.
 
 Replicas are the serving oracle's engines (:class:`.serving.Replica`); a router sends
 each request, in arrival order, to one of them. Before a request arriving at t is routed, every

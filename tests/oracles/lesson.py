@@ -1,4 +1,4 @@
-"""A deliberately simple pure-Python simulator of DESIGN.md's lesson model: the test oracle.
+"""A deliberately simple pure-Python simulator of the lesson's model (docs/model/lesson.md): the test oracle.
 
 It follows the written rules literally, with Python lists for the queue and the running batch and
 a full scan of every running sequence each step. It is slow and obviously correct; the fast kernels

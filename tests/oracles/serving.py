@@ -1,4 +1,4 @@
-"""A deliberately simple pure-Python simulator of DESIGN.md's serving model: the second oracle.
+"""A deliberately simple pure-Python simulator of the serving model (docs/model/serving.md): the second oracle.
 
 Python lists for the waiting queue and the running batch, per-request token counters, a full
 scan of every scheduled row each step and every token's gap stored. It follows the written rules
@@ -32,7 +32,7 @@ class Engine:
 
 
 def step_time(k, n_tokens, kv_tokens, pairs):
-    # the same formula and operation order as DESIGN (written out again, not imported)
+    # the same formula and operation order as docs/model/serving.md (written out again, not imported)
     memory = k[1] + k[2] * kv_tokens
     compute = k[3] * n_tokens + k[4] * pairs
     return k[0] + max(memory, compute) + (k[5] + k[6] * n_tokens)

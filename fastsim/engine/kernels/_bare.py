@@ -13,7 +13,7 @@ arithmetic series: the run's length, its end time and its KV bookkeeping come in
 O(block_tokens) for paged blocks), however many steps it has.
 
 Times are rounded once per run instead of once per step: they may differ from step-by-step
-addition by rounding (relative 1e-15 per run; README "Bare steps in closed form"); every integer
+addition by rounding (relative 1e-15 per run; docs/model/serving.md, "Bare steps in closed form"); every integer
 (steps, tokens, blocks, the step runs that inter-token latencies are computed from) is exact.
 
 The next completion is found in an occupancy bitmap over the completion calendar's buckets: a

@@ -1,4 +1,4 @@
-"""The lesson model's kernels (DESIGN.md): every serving-model addition off, the fastest path.
+"""The lesson model's kernels (docs/model/lesson.md): every serving-model addition off, the fastest path.
 
 Each kernel is a deterministic function of struct-of-arrays request state; the waiting queue is
 the index range ``[qhead, head)`` of the arrival-sorted arrays (requests ``< qhead`` have been

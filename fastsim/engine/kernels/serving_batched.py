@@ -1,4 +1,4 @@
-"""The serving model's static and dynamic batching kernel (DESIGN.md): the lesson's batch rules
+"""The serving model's static and dynamic batching kernel (docs/model/lesson.md): the lesson's batch rules
 with prefill compute, reservations against a KV cache, a shared prefix and the serving step
 cost. Only used when a serving-model addition is on (else :mod:`.lesson` runs).
 """
