@@ -1,5 +1,7 @@
-"""The Python API: load a config, run a scenario, a sweep or a capacity search, and get (or
-write) labelled results. The CLI calls only this."""
+"""The Python API: load a config, run a scenario, a sweep, a capacity search or a plan, fit a
+calibration, compare and draw results, and get (or write) labelled datasets. The command line
+calls only this module: beside the functions, it names what the command line shows (presets, the
+keys' reference, the summaries' rows, the metrics catalog)."""
 
 from __future__ import annotations
 
@@ -23,6 +25,20 @@ from .sweep.files import output_lock
 from .sweep.grid import Grid, build_grid
 from .sweep.runner import Progress, Task, check_scheduler, run_grid
 
+# What the command line shows, named here so that it imports nothing else of the package.
+from .analysis.catalog import METRICS  # noqa: E402,F401
+from .analysis.compare import compare, describe_change  # noqa: F401
+from .analysis.measured import describe as describe_run  # noqa: F401
+from .analysis.plot import figure as plot  # noqa: F401
+from .model.keys import config_keys, reference_markdown  # noqa: F401
+from .model.loading import parse_override  # noqa: F401
+from .model.presets import HARDWARE, MODEL_SHAPES, MODELS, PRICE_SOURCES  # noqa: F401
+from .model.schema import LARGEST_POOL  # noqa: F401
+from .sweep.checkpoint import ResumeWarning  # noqa: F401
+from .sweep.memory import parse_size  # noqa: F401
+from .sweep.summary import capacity_rows, describe, next_steps, plan_entries, plan_rows, summarize  # noqa: F401
+from .bench import BenchCheckFailed, bench, cold_start, sweep_overhead, traffic_costs  # noqa: F401
+
 if TYPE_CHECKING:
     import xarray as xr
 
@@ -37,6 +53,19 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Co
     config = read_config(path, overrides)
     checks.check(config)
     return config
+
+
+def check_memory(config: Config, limit: int | None = None) -> None:
+    """Refuse (a :class:`ConfigError` naming the key that drives the size) a run of ``config``
+    that needs more memory than ``limit`` bytes (default: what the machine has available)."""
+    memory.check(config, limit=limit)
+
+
+def write_requests(result: Result, out: str | Path) -> Path:
+    """Write a run's per-request results (arrival, lengths, first and last token times, replicas)
+    as netCDF to ``out``, atomically (a full disk is an ``OSError``; check the path first with
+    :func:`check_writable`)."""
+    return io.requests_layout(result).write(out)
 
 
 def _fits(grid: Grid, workers: int | None, scheduler: str | None, max_memory: int | None, points: int) -> Grid:
@@ -81,9 +110,11 @@ def checkpoint_path(out: Path) -> Path:
 
 
 def _to_file(grid: Grid, task: Task | None, out: Path, workers: int | None, scheduler: str | None, resume: bool,
-             on_progress: Progress | None, layout: Callable[[np.ndarray], io.Layout]) -> np.ndarray:
+             on_progress: Progress | None, read: Callable[[np.ndarray], Any], layout: Callable[[Any], io.Layout]
+             ) -> Any:
     """Run ``task`` on every point of ``grid`` under a lock on ``out``, checkpointed beside it,
-    write ``layout(table)`` to ``out`` and drop the checkpoint; returns the table."""
+    write ``layout(results)`` to ``out`` and drop the checkpoint, where ``results`` is
+    ``read(table)``; returns them."""
     check_writable(out, "--out")
     partial = checkpoint_path(out)
     with output_lock(out):
@@ -98,9 +129,10 @@ def _to_file(grid: Grid, task: Task | None, out: Path, workers: int | None, sche
             if Checkpoint.is_empty(partial):  # nothing finished: nothing to resume
                 partial.unlink(missing_ok=True)
             raise
-        layout(table).write(out)
+        results = read(table)
+        layout(results).write(out)
         partial.unlink()
-    return table
+    return results
 
 
 def sweep_to_file(
@@ -121,7 +153,8 @@ def sweep_to_file(
     """
     out = Path(out)
     grid = _grid(config, workers, scheduler, max_memory)
-    table = _to_file(grid, None, out, workers, scheduler, resume, on_progress, lambda t: io.sweep_layout(grid, t))
+    table = _to_file(grid, None, out, workers, scheduler, resume, on_progress, lambda t: t,
+                     lambda t: io.sweep_layout(grid, t))
     return grid, table
 
 
@@ -153,8 +186,9 @@ def capacity(
     (default: the config's SLO met by 90 % of requests)."""
     goals = targets(config, target, attainment)
     grid = _fits(capacity_settings(config), workers, scheduler, max_memory, 0)
-    table = run_grid(grid, workers, scheduler, on_progress=on_progress, task=CapacitySearch(goals))
-    return io.capacity_layout(grid, table, goals).to_dataset()
+    task = CapacitySearch(goals)
+    answers = task.answers(run_grid(grid, workers, scheduler, on_progress=on_progress, task=task))
+    return io.capacity_layout(grid, answers, goals).to_dataset()
 
 
 def capacity_to_file(
@@ -169,12 +203,13 @@ def capacity_to_file(
 ) -> tuple[Grid, np.ndarray]:
     """Search every setting's capacity (:func:`fastsim.analysis.capacity.search`) and write it as
     netCDF to ``out`` (atomically; checkpointed and resumable as :func:`sweep_to_file`); returns
-    the settings' grid and their rows (:class:`~fastsim.analysis.capacity.CapacitySearch`)."""
+    the settings' grid and their answers (:class:`~fastsim.analysis.capacity.Answer`, C order)."""
     out = Path(out)
     grid = _fits(capacity_settings(config), workers, scheduler, max_memory, 0)
-    table = _to_file(grid, CapacitySearch(targets), out, workers, scheduler, resume, on_progress,
-                     lambda t: io.capacity_layout(grid, t, targets))
-    return grid, table
+    task = CapacitySearch(targets)
+    answers = _to_file(grid, task, out, workers, scheduler, resume, on_progress, task.answers,
+                       lambda a: io.capacity_layout(grid, a, targets))
+    return grid, answers
 
 
 def plan_candidates(config: Config) -> Grid:
@@ -204,8 +239,9 @@ def plan(
     :func:`targets`."""
     goals = targets(config, target, attainment, "plan")
     grid = _fits(plan_candidates(config), workers, scheduler, max_memory, 0)
-    table = run_grid(grid, workers, scheduler, on_progress=on_progress, task=PlanSearch(goals, max_replicas))
-    return io.plan_layout(grid, table, goals, max_replicas).to_dataset()
+    task = PlanSearch(goals, max_replicas)
+    answers = task.answers(run_grid(grid, workers, scheduler, on_progress=on_progress, task=task), grid.config)
+    return io.plan_layout(grid, answers, goals, max_replicas).to_dataset()
 
 
 def plan_to_file(
@@ -221,14 +257,14 @@ def plan_to_file(
 ) -> tuple[Grid, np.ndarray]:
     """For every candidate of ``config``'s grid, the fewest replicas that meet the targets
     (:func:`fastsim.analysis.plan.search`), written as netCDF to ``out`` (atomically; checkpointed
-    and resumable as :func:`sweep_to_file`); returns the candidates' grid and their rows
-    (:class:`~fastsim.analysis.plan.PlanSearch`; rank them with :func:`fastsim.analysis.plan.ranking`)."""
+    and resumable as :func:`sweep_to_file`); returns the candidates' grid and their answers
+    (:class:`~fastsim.analysis.plan.Answer`, C order; rank them with :func:`fastsim.analysis.plan.ranking`)."""
     out = Path(out)
     task = PlanSearch(targets, max_replicas)
     grid = _fits(plan_candidates(config), workers, scheduler, max_memory, 0)
-    table = _to_file(grid, task, out, workers, scheduler, resume, on_progress,
-                     lambda t: io.plan_layout(grid, t, targets, max_replicas))
-    return grid, table
+    answers = _to_file(grid, task, out, workers, scheduler, resume, on_progress, lambda t: task.answers(t, grid.config),
+                       lambda a: io.plan_layout(grid, a, targets, max_replicas))
+    return grid, answers
 
 
 def calibrate(config: Config, measured: list[str | Path], fit: list[str] | None = None, out: str | Path | None = None,

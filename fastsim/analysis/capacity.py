@@ -5,7 +5,8 @@ targets fail (or hold), then bisected geometrically until the highest rate that 
 lowest that fails are within 1 %. Every simulation of a setting draws the same traffic (one seed:
 with the numpy stream, a rate only rescales the same gaps), so the answer is a deterministic
 function of the config. :class:`CapacitySearch` is the search as a sweep task: a row of numbers
-per setting, so that settings run in parallel and are checkpointed like sweep points.
+per setting, so that settings run in parallel and are checkpointed like sweep points, read back
+as :class:`Answer` objects.
 """
 
 from __future__ import annotations
@@ -105,8 +106,9 @@ def binding_of(status: str, max_rate: float, target: str) -> str:
 
 
 class CapacitySearch:
-    """:func:`search` as a sweep task: per setting a row (max rate, status, the binding target's
-    index, simulations, every metric at the max rate)."""
+    """:func:`search` as a sweep task. A sweep task's rows are numbers (they are checkpointed as
+    such): :meth:`row` writes an :class:`Answer` as one and :meth:`answers` reads them back, the
+    one place that knows the columns."""
 
     seconds_per_request = SECONDS_PER_REQUEST
 
@@ -115,11 +117,21 @@ class CapacitySearch:
         self.columns = ["max_rate_rps", "status", "binding", "simulations", *METRICS]
         self.name = "capacity " + "; ".join(map(str, targets))
 
-    def __call__(self, configs: list[Config], stop: threading.Event | None = None) -> np.ndarray:
-        rows = np.empty((len(configs), len(self.columns)))
+    def row(self, a: Answer) -> list[float]:
         names = [str(t) for t in self.targets]
-        for r, config in enumerate(configs):
-            a = search(config, self.targets, stop)
-            binding = next((j for j, name in enumerate(names) if a.binding.endswith(name)), -1)
-            rows[r] = [a.max_rate, STATUSES.index(a.status), binding, a.simulations, *a.metrics.values()]
-        return rows
+        binding = next((j for j, name in enumerate(names) if a.binding.endswith(name)), -1)
+        return [a.max_rate, STATUSES.index(a.status), binding, a.simulations, *a.metrics.values()]
+
+    def answers(self, table: np.ndarray) -> list[Answer]:
+        """The answers of a table of rows (any shape ending in the columns), in C order."""
+        names = [str(t) for t in self.targets]
+        out = []
+        for row in table.reshape(-1, len(self.columns)):
+            status = STATUSES[int(row[1])]
+            binding = binding_of(status, float(row[0]), names[int(row[2])] if row[2] >= 0 else "")
+            out.append(Answer(float(row[0]), status, binding, dict(zip(METRICS, row[4:].tolist())), int(row[3])))
+        return out
+
+    def __call__(self, configs: list[Config], stop: threading.Event | None = None) -> np.ndarray:
+        return np.array([self.row(search(config, self.targets, stop)) for config in configs], dtype=float).reshape(
+            len(configs), len(self.columns))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -26,9 +27,6 @@ from .targets import Stopped, Target, failing
 REPLICAS = "fleet.replicas"
 MAX_REPLICAS = 64
 SECONDS_PER_REQUEST = 12 * 4 * 1.6e-7  # ~12 simulations of a fleet of a few replicas
-FIRST_METRIC = 4  # PlanSearch rows: replicas, status, binding, simulations, then the metrics
-
-
 MET, NEVER_MET, CANNOT_RUN = range(3)  # a candidate's status
 
 
@@ -40,6 +38,13 @@ class Answer:
     # the one that fails at the limit (NEVER_MET), or why the candidate cannot run
     metrics: dict[str, float]  # at the answer (NaN when none)
     simulations: int
+
+    @property
+    def says(self) -> str:
+        """What binds, as tables and datasets say it."""
+        if self.status == CANNOT_RUN:
+            return f"cannot run: {self.binding}"
+        return f"never met: {self.binding}" if self.status == NEVER_MET else self.binding
 
 
 def search(config: Config, targets: list[Target], max_replicas: int = MAX_REPLICAS,
@@ -78,9 +83,9 @@ def search(config: Config, targets: list[Target], max_replicas: int = MAX_REPLIC
 
 
 class PlanSearch:
-    """:func:`search` as a sweep task: per candidate a row (replicas, status, the binding target's
-    index, simulations, every metric at the answer); ``replicas`` is NaN unless the targets hold.
-    (Why a candidate cannot run is not a number: :func:`fastsim.engine.checks.check` says it again.)"""
+    """:func:`search` as a sweep task. A sweep task's rows are numbers (they are checkpointed as
+    such): :meth:`row` writes an :class:`Answer` as one (``replicas`` NaN unless the targets hold)
+    and :meth:`answers` reads them back, the one place that knows the columns."""
 
     seconds_per_request = SECONDS_PER_REQUEST
 
@@ -92,22 +97,42 @@ class PlanSearch:
         self.columns = ["replicas", "status", "binding", "simulations", *METRICS]
         self.name = f"plan up to {max_replicas} replicas: " + "; ".join(map(str, targets))
 
-    def __call__(self, configs: list[Config], stop: threading.Event | None = None) -> np.ndarray:
-        rows = np.empty((len(configs), len(self.columns)))
+    def row(self, a: Answer) -> list[float]:
         names = [str(t) for t in self.targets]
-        for r, config in enumerate(configs):
-            a = search(config, self.targets, self.max_replicas, stop)
-            rows[r] = [math.nan if a.replicas is None else a.replicas, a.status,
-                       names.index(a.binding) if a.binding in names else -1, a.simulations, *a.metrics.values()]
-        return rows
+        return [math.nan if a.replicas is None else a.replicas, a.status,
+                names.index(a.binding) if a.binding in names else -1, a.simulations, *a.metrics.values()]
+
+    def answers(self, table: np.ndarray, config_of: Callable[[int], Config]) -> list[Answer]:
+        """The answers of a table of rows (any shape ending in the columns), in C order;
+        ``config_of(i)``: the i-th candidate's config. Why a candidate cannot run is not a
+        number: the check that refused it says it again."""
+        names = [str(t) for t in self.targets]
+        out = []
+        for i, row in enumerate(table.reshape(-1, len(self.columns))):
+            status = int(row[1])
+            binding = names[int(row[2])] if row[2] >= 0 else ""
+            if status == CANNOT_RUN:
+                try:
+                    checks.check(config_of(i))
+                except ConfigError as exc:
+                    binding = str(exc)
+            metrics = dict(zip(METRICS, row[4:].tolist()))
+            out.append(Answer(status, int(row[0]) if status == MET else None, binding, metrics, int(row[3])))
+        return out
+
+    def __call__(self, configs: list[Config], stop: threading.Event | None = None) -> np.ndarray:
+        rows = [self.row(search(config, self.targets, self.max_replicas, stop)) for config in configs]
+        return np.array(rows, dtype=float).reshape(len(configs), len(self.columns))
 
 
-def ranking(rows: np.ndarray) -> np.ndarray:
-    """Candidate indices (of ``rows``, :class:`PlanSearch` rows) cheapest first: by USD per hour,
-    then GPUs, then TTFT p99; a candidate without a price after those with one, and one that
-    never meets the targets after those (then one that cannot run)."""
-    col = {name: FIRST_METRIC + k for k, name in enumerate(METRICS)}
-    never = rows[:, 1]
-    usd, gpus, ttft = rows[:, col["usd_per_hour"]], rows[:, col["gpus"]], rows[:, col["ttft_p99_s"]]
+def ranking(answers: list[Answer]) -> np.ndarray:
+    """Indices of ``answers`` cheapest first: by USD per hour, then GPUs, then TTFT p99; a
+    candidate without a price after those with one, and one that never meets the targets after
+    those (then one that cannot run)."""
+    def column(name: str) -> np.ndarray:
+        return np.array([a.metrics[name] for a in answers], dtype=float)
+
+    status = np.array([a.status for a in answers])
+    usd, gpus, ttft = column("usd_per_hour"), column("gpus"), column("ttft_p99_s")
     return np.lexsort((np.nan_to_num(ttft, nan=np.inf), np.nan_to_num(gpus, nan=np.inf),
-                       np.nan_to_num(usd, nan=np.inf), np.isnan(usd), never))
+                       np.nan_to_num(usd, nan=np.inf), np.isnan(usd), status))

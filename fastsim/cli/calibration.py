@@ -29,8 +29,8 @@ def calibrate(
 ) -> None:
     """Fit the calibration (efficiencies and overheads) to measured runs by least squares on log
     errors; print each run's error before and after, and write the fitted calibration: section."""
-    from ..analysis.measured import describe
     from ..api import calibrate as run_calibrate
+    from ..api import describe_run
 
     destination = out_path or Path("results") / f"{config.stem}-calibration.yaml"
     started = time.perf_counter()
@@ -61,7 +61,7 @@ def calibrate(
     values = ", ".join(f"{k.removeprefix('calibration.')} {result.before[k]:g} -> {v:.4g}"
                        for k, v in result.after.items())
     out.print(f"calibration: {values}")
-    runs = [(f"{run.source}: {describe(run)}",
+    runs = [(f"{run.source}: {describe_run(run)}",
              [[name, f"{value:.4g}", f"{b[name]:.4g}", f"{b[name] / value - 1:+.1%}", f"{a[name]:.4g}",
                f"{a[name] / value - 1:+.1%}"] for name, value in run.metrics.items()])
             for run, b, a in zip(result.runs, result.predicted_before, result.predicted_after)]

@@ -26,10 +26,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from ..analysis.metrics import METRICS
-from ..model.loading import parse_override
-from ..model.schema import Config, ConfigError
-from ..sweep.checkpoint import ResumeWarning
+from ..api import METRICS, Config, ConfigError, ResumeWarning, checkpoint_path, load_config, parse_override, parse_size
 
 
 class _OneLineErrors(typer.core.TyperGroup):
@@ -132,8 +129,6 @@ def user_errors() -> Iterator[None]:
 
 def load(path: Path, sets: list[str] | None) -> Config:
     """The config a command runs (checked); from here on, a kernel compile is announced."""
-    from ..api import load_config
-
     _announce_compiles()
     return load_config(path, dict(parse_override(s) for s in sets or []))
 
@@ -164,8 +159,6 @@ def _announce_compiles() -> None:
 
 
 def max_memory(text: str | None) -> int | None:
-    from ..sweep.memory import parse_size
-
     return None if text is None else parse_size(text)
 
 
@@ -244,8 +237,6 @@ def progress(label: str, quiet: bool, unit: str = "points") -> tuple[Progress, C
 
 def kept(out_path: Path) -> str:
     """What an interrupted run kept, for its last line."""
-    from ..api import checkpoint_path
-
     partial = checkpoint_path(out_path)
     return f"; finished points are kept in {partial}: rerun with --resume" if partial.exists() else "; nothing was kept"
 

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..model.schema import LARGEST_POOL
+from ..api import LARGEST_POOL
 
 from .common import (AttainmentOpt, ConfigArg, MaxMemoryOpt, QuietOpt, ResumeOpt, SchedulerOpt, SetOpt, TargetOpt,
                      WorkersOpt, command, err, load, max_memory, out, print_grouped, print_table,
@@ -33,21 +33,19 @@ def capacity(
 ) -> None:
     """The highest request rate each setting of the grid (its rate axis removed) sustains while
     every target holds; default target: the config's slo met by 90 % of requests."""
-    from ..analysis.targets import targets_from
-    from ..api import capacity_to_file
-    from ..sweep.summary import capacity_rows
+    from ..api import capacity_rows, capacity_to_file, targets
 
     with user_errors():
         cfg = load(config, set_)
-        targets = targets_from(cfg, target, attainment)
+        goals = targets(cfg, target, attainment)
         limit = max_memory(max_memory_)
     destination = out_path or Path("results") / f"{config.stem}-capacity.nc"
     started = time.perf_counter()
-    grid, table = run_to_file("capacity", quiet, destination, lambda on_progress: capacity_to_file(
-        cfg, targets, destination, workers, scheduler, resume, on_progress, limit), unit="settings")
-    err.print(f"wrote {destination} ({grid.size} settings, {int(table[..., 3].sum())} simulations in "
+    grid, answers = run_to_file("capacity", quiet, destination, lambda on_progress: capacity_to_file(
+        cfg, goals, destination, workers, scheduler, resume, on_progress, limit), unit="settings")
+    err.print(f"wrote {destination} ({grid.size} settings, {sum(a.simulations for a in answers)} simulations in "
               f"{time.perf_counter() - started:.1f} s)")
-    title, headers, rows, labels = capacity_rows(grid, table, targets)
+    title, headers, rows, labels = capacity_rows(grid, answers, goals)
     print_table(title, headers, rows, left=labels)
 
 
@@ -74,25 +72,23 @@ def plan(
     """The cheapest fleet that meets the targets: for every candidate of the grid (any axis but
     fleet.replicas), the fewest replicas meeting them at the workload's traffic, ranked by USD
     per hour, then GPUs, then TTFT p99. Default target: the config's slo met by 90 % of requests."""
-    from ..analysis.targets import targets_from
-    from ..api import plan_to_file
-    from ..sweep.summary import plan_entries, plan_rows
+    from ..api import plan_entries, plan_rows, plan_to_file, targets
 
     with user_errors():
         cfg = load(config, set_)
-        targets = targets_from(cfg, target, attainment, "plan")
+        goals = targets(cfg, target, attainment, "plan")
         limit = max_memory(max_memory_)
     destination = out_path or Path("results") / f"{config.stem}-plan.nc"
     started = time.perf_counter()
-    grid, table = run_to_file("plan", quiet or as_json, destination, lambda on_progress: plan_to_file(
-        cfg, targets, destination, max_replicas, workers, scheduler, resume, on_progress, limit), unit="candidates")
-    simulations = int(table[..., 3].sum())
+    grid, answers = run_to_file("plan", quiet or as_json, destination, lambda on_progress: plan_to_file(
+        cfg, goals, destination, max_replicas, workers, scheduler, resume, on_progress, limit), unit="candidates")
+    simulations = sum(a.simulations for a in answers)
     err.print(f"wrote {destination} ({grid.size} candidates, {simulations} simulations in "
               f"{time.perf_counter() - started:.1f} s)")
     if as_json:
-        typer.echo(json.dumps(plan_entries(grid, table, targets)))
+        typer.echo(json.dumps(plan_entries(grid, answers)))
         return
-    title, headers, groups, notes = plan_rows(grid, table, targets, max_replicas, every)
+    title, headers, groups, notes = plan_rows(grid, answers, goals, max_replicas, every)
     out.print(title)
     print_grouped(headers, groups)
     for note in notes:

@@ -26,8 +26,8 @@ def compare(
     """Compare two sweep, capacity or plan datasets point by point. Exit 0: nothing got worse
     beyond --rtol (with --drift: nothing changed); 1: a regression (the points are listed); 2: the
     datasets cannot be compared."""
-    from ..analysis.compare import compare as run_compare
-    from ..analysis.compare import describe_change
+    from ..api import compare as run_compare
+    from ..api import describe_change
 
     with user_errors():
         report = run_compare(baseline, candidate, rtol, metric, drift)
@@ -79,9 +79,9 @@ def plot(
 ) -> None:
     """Draw a dataset: metrics against an axis, lines by --hue, panels by --col (each chosen from
     the dataset's axes when not given); a plan as the price of each candidate."""
-    from ..analysis import plot as plotting
+    from ..api import plot
 
     destination = out_path or result.with_suffix(".png")
     with user_errors():
-        written = plotting.figure(result, destination, x, y, hue, col, sel)
+        written = plot(result, destination, x, y, hue, col, sel)
     err.print(f"wrote {written}")

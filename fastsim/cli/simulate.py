@@ -28,23 +28,17 @@ def run(
     max_memory_: MaxMemoryOpt = None,
 ) -> None:
     """Simulate one scenario (the config's base values; its sweep grid is ignored)."""
-    from .._atomic import check_writable
-    from ..analysis.metrics import METRICS
-    from ..api import simulate
-    from ..sweep import memory
-    from ..sweep.summary import describe
+    from ..api import METRICS, check_memory, check_writable, describe, simulate, write_requests
 
     with user_errors():
         cfg = load(config, set_)
-        memory.check(cfg, limit=max_memory(max_memory_))
+        check_memory(cfg, max_memory(max_memory_))
         if requests_out is not None:
             check_writable(requests_out, "--requests-out")
         result = simulate(cfg)
     if requests_out is not None:
-        from ..sweep.io import requests_layout
-
         try:
-            requests_layout(result).write(requests_out)
+            write_requests(result, requests_out)
         except OSError as exc:
             raise fail(f"--requests-out {requests_out}: {exc.strerror or exc}") from None
     if as_json:
@@ -67,8 +61,7 @@ def sweep(
     max_memory_: MaxMemoryOpt = None,
 ) -> None:
     """Run the config's sweep grid into one labelled netCDF dataset, then print a summary."""
-    from ..api import sweep_to_file
-    from ..sweep.summary import next_steps, summarize
+    from ..api import next_steps, summarize, sweep_to_file
 
     with user_errors():
         cfg = load(config, set_)
@@ -92,14 +85,11 @@ def bench(
     cold: Annotated[bool, typer.Option(help="Also time a first run from an empty Numba cache (~15 s).")] = True,
 ) -> None:
     """Measure the simulator's own speed: simulated requests/s per policy, rate and fleet, one core."""
-    from ..bench import BenchCheckFailed, cold_start, sweep_overhead, traffic_costs
-    from ..bench import bench as run_bench
-
-    from ..model.schema import Config
-    from ..sweep import memory
+    from ..api import BenchCheckFailed, Config, check_memory, cold_start, sweep_overhead, traffic_costs
+    from ..api import bench as run_bench
 
     with user_errors():
-        memory.check(Config().at({"workload.n_requests": n}))
+        check_memory(Config().at({"workload.n_requests": n}))
     err.print(f"benchmarking {n:,} requests per run (numpy traffic), best of {repeats}...")
     try:
         rows = run_bench(n, repeats=repeats)
@@ -129,7 +119,7 @@ def bench(
 @command
 def presets() -> None:
     """List the hardware and model presets with the values they fill."""
-    from ..model.presets import HARDWARE, MODEL_SHAPES, MODELS, PRICE_SOURCES
+    from ..api import HARDWARE, MODEL_SHAPES, MODELS, PRICE_SOURCES
 
     hw_fields = ["peak_tflops", "mem_bandwidth_tb_s", "mem_gb", "link_gb_s", "link_latency_us", "usd_per_gpu_hour"]
     print_table(
@@ -159,7 +149,7 @@ def keys(
                                                                "(docs/configuration.md).")] = False,
 ) -> None:
     """List every config key (what a file, --set and sweep: accept) with its kind, default and units."""
-    from ..model.keys import config_keys, reference_markdown
+    from ..api import config_keys, reference_markdown
 
     from rich.table import Table
 

@@ -24,7 +24,7 @@ from ..model import fleet as pools
 from ..model.routers import ROUTERS
 from ..model.schema import Config
 from . import link, router
-from .kernels import RUNS_PER_REQUEST, Outcome, Plan, Scratch, longest_output, outcome, run_engine, with_api
+from .kernels import RUNS_PER_REQUEST, Counters, Outcome, Plan, Scratch, longest_output, outcome, run_engine, with_api
 from .kernels import run as run_one
 from .kernels.continuous import WORK_ROWS, continuous
 from .traffic import Traffic, routes
@@ -74,14 +74,13 @@ def _pool(p: Plan, name: str, replicas: int, arrival: np.ndarray, prompt: np.nda
     while True:
         runs = scratch.take(room[0], False)
         gaps = np.empty(room[1])
-        counters = continuous(
+        counters = Counters(*continuous(
             arrival, prompt, output, replicas, how.code, draws.astype(np.int64), p.limit, p.k, p.budget,
             blocks, p.block_tokens, p.reserve, p.prefix_blocks, p.max_output, token_1, first, done, replica, runs, gaps,
-            scratch.work(WORK_ROWS, n))
-        nruns, ngaps = counters[6:]
-        if nruns <= len(runs) and ngaps <= len(gaps):
+            scratch.work(WORK_ROWS, n)))
+        if counters.runs <= len(runs) and counters.gaps <= len(gaps):
             break
-        room = (max(nruns, room[0]), max(ngaps, room[1]))
+        room = (max(counters.runs, room[0]), max(counters.gaps, room[1]))
     return outcome(p, first, done, counters, runs, gaps, replica.astype(np.int32))
 
 

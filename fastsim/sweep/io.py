@@ -18,13 +18,11 @@ import numpy as np
 import yaml
 
 from .._version import __version__
-from ..analysis.capacity import STATUSES, binding_of
+from ..analysis import capacity, plan
 from ..analysis.metrics import INTEGER_METRICS, METRICS
-from ..analysis.plan import CANNOT_RUN, FIRST_METRIC, NEVER_MET, ranking
-from ..engine.checks import check
 from ..analysis.simulation import Result
 from ..model.keys import units
-from ..model.schema import Config, ConfigError
+from ..model.schema import Config
 from .._atomic import atomic_path, disk_error
 from .grid import Grid
 
@@ -149,59 +147,46 @@ def requests_layout(result: Result) -> Layout:
     return Layout(coords, data, attrs)
 
 
-def capacity_layout(grid: Grid, table: np.ndarray, targets: list) -> Layout:
-    """A capacity search over ``grid``'s settings (its rate axis removed): ``max_rate_rps``, what
-    bound it, and every metric at that rate. ``table``: :class:`~fastsim.analysis.capacity.CapacitySearch`
-    rows, shape (*axes, columns)."""
-    flat = table.reshape(-1, table.shape[-1])
-    base = sweep_layout(grid, table[..., 4:])
-    names = [str(t) for t in targets]
-    binding = [binding_of(STATUSES[int(row[1])], row[0], names[int(row[2])] if row[2] >= 0 else "") for row in flat]
+def _metrics(grid: Grid, answers: Sequence) -> np.ndarray:
+    """The metrics of each answer (C order of ``grid``) as a sweep's table."""
+    return np.array([list(a.metrics.values()) for a in answers], dtype=float).reshape(*grid.shape, len(METRICS))
+
+
+def capacity_layout(grid: Grid, answers: Sequence[capacity.Answer], targets: list) -> Layout:
+    """A capacity search over ``grid``'s settings (its rate axis removed), one answer each in C
+    order: ``max_rate_rps``, what bound it, and every metric at that rate."""
+    base = sweep_layout(grid, _metrics(grid, answers))
     axes = dims(grid)
     data = {
-        "max_rate_rps": (axes, table[..., 0],
+        "max_rate_rps": (axes, np.array([a.max_rate for a in answers]).reshape(grid.shape),
                          {"units": "requests/s", "long_name": "highest request rate meeting every target (to 1 %)"}),
-        "binding": (axes, np.array(binding, dtype=object).reshape(grid.shape),
+        "binding": (axes, np.array([a.binding for a in answers], dtype=object).reshape(grid.shape),
                     {"long_name": "the target that fails just above max_rate_rps, or why there is none"}),
         **base.data,
     }
-    attrs = {**base.attrs, "targets": "; ".join(names), "simulations": int(flat[:, 3].sum())}
+    attrs = {**base.attrs, "targets": "; ".join(str(t) for t in targets),
+             "simulations": sum(a.simulations for a in answers)}
     return Layout(base.coords, data, attrs)
 
 
-def plan_layout(grid: Grid, table: np.ndarray, targets: list, max_replicas: int) -> Layout:
-    """A plan over ``grid``'s candidates: ``replicas`` (the fewest that meet every target; NaN
-    when even ``max_replicas`` fail or the candidate cannot run), ``rank`` (1 = cheapest), what
-    binds, and every metric at the answer (``gpus``, ``usd_per_hour``, ``usd_per_mtok`` among
-    them). ``table``: :class:`~fastsim.analysis.plan.PlanSearch` rows, shape (*axes, columns)."""
-    flat = table.reshape(-1, table.shape[-1])
-    base = sweep_layout(grid, table[..., FIRST_METRIC:])
-    rank = np.empty(len(flat), np.int64)
-    rank[ranking(flat)] = np.arange(1, len(flat) + 1)
-    binding = [plan_binding(grid, i, row, targets) for i, row in enumerate(flat)]
+def plan_layout(grid: Grid, answers: Sequence[plan.Answer], targets: list, max_replicas: int) -> Layout:
+    """A plan over ``grid``'s candidates, one answer each in C order: ``replicas`` (the fewest
+    that meet every target; NaN when even ``max_replicas`` fail or the candidate cannot run),
+    ``rank`` (1 = cheapest), what binds, and every metric at the answer (``gpus``,
+    ``usd_per_hour``, ``usd_per_mtok`` among them)."""
+    base = sweep_layout(grid, _metrics(grid, answers))
+    rank = np.empty(len(answers), np.int64)
+    rank[plan.ranking(answers)] = np.arange(1, len(answers) + 1)
+    replicas = np.array([np.nan if a.replicas is None else a.replicas for a in answers])
     axes = dims(grid)
     data = {
-        "replicas": (axes, table[..., 0], {"units": "replicas", "long_name": f"fewest replicas meeting every target "
-                                                                            f"(NaN: none up to {max_replicas})"}),
+        "replicas": (axes, replicas.reshape(grid.shape), {
+            "units": "replicas", "long_name": f"fewest replicas meeting every target (NaN: none up to {max_replicas})"}),
         "rank": (axes, rank.reshape(grid.shape), {"long_name": "rank by USD/hour, then GPUs, then TTFT p99 (1: best)"}),
-        "binding": (axes, np.array(binding, dtype=object).reshape(grid.shape),
+        "binding": (axes, np.array([a.says for a in answers], dtype=object).reshape(grid.shape),
                     {"long_name": "the target that fails with one replica fewer, or why there is no answer"}),
         **base.data,
     }
     attrs = {**base.attrs, "kind": "plan", "targets": "; ".join(str(t) for t in targets), "max_replicas": max_replicas,
-             "simulations": int(flat[:, 3].sum())}
+             "simulations": sum(a.simulations for a in answers)}
     return Layout(base.coords, data, attrs)
-
-
-def plan_binding(grid: Grid, index: int, row: np.ndarray, targets: list) -> str:
-    """What a plan's row says binds: the target that fails with one replica fewer, the one that
-    fails at the limit, or why the candidate cannot run."""
-    status, target = int(row[1]), (str(targets[int(row[2])]) if row[2] >= 0 else "")
-    if status == CANNOT_RUN:
-        try:
-            check(grid.config(index))
-        except ConfigError as exc:
-            return f"cannot run: {exc}"
-    if status == NEVER_MET:
-        return f"never met: {target}"
-    return target

@@ -23,7 +23,7 @@ import threading
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import Callable, Iterator, Protocol
+from typing import Callable, Iterator, NamedTuple, Protocol
 
 import numpy as np
 
@@ -110,9 +110,34 @@ Results = Iterator[tuple[np.ndarray, np.ndarray]]
 Progress = Callable[[int, int, float], None]
 
 
-def _in_process(grid: Grid, blocks: list[np.ndarray], task: Task) -> Results:
-    for block in blocks:
-        yield run_block(grid, block, task)
+class _Backend(NamedTuple):
+    """Where blocks run, as a context manager's value: ``submit(block)`` returns a future of its
+    (indices, rows), at most ``in_flight`` out at once. Left by an exception (Ctrl-C), the context
+    stops the work in flight at once: the one cancel path."""
+
+    submit: Callable[[np.ndarray], Future]
+    in_flight: int
+
+
+def _run_blocks(backend: _Backend, blocks: list[np.ndarray], keep: Callable[[np.ndarray, np.ndarray], None]
+                ) -> Results:
+    """The one loop: keep up to ``in_flight`` blocks submitted, yield each as it finishes. On
+    Ctrl-C the blocks that finished but were not yet yielded go to ``keep`` (the backend then
+    stops the rest: a kernel cannot be interrupted, so it is not waited for)."""
+    queue = deque(blocks)
+    pending: set[Future] = set()
+    try:
+        while queue or pending:
+            while queue and len(pending) < backend.in_flight:
+                pending.add(backend.submit(queue.popleft()))
+            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for future in finished:
+                yield future.result()
+    except KeyboardInterrupt:
+        for future in pending:
+            if future.done() and not future.cancelled() and future.exception() is None:
+                keep(*future.result())
+        raise
 
 
 # The axes that can change which kernel a point runs (the lesson's or the serving model's, which
@@ -150,30 +175,28 @@ def warm_up(grid: Grid, batched: bool = False) -> None:
             simulate(tiny, checked=True)
 
 
-def _threads(grid: Grid, blocks: list[np.ndarray], task: Task, workers: int,
-             keep: Callable[[np.ndarray, np.ndarray], None]) -> Results:
-    """Run blocks on worker threads: the kernels release the GIL (``nogil``), the Python around
-    them is a few percent of a point, and threads cost nothing to start (no imports, no Numba
-    start-up per process). A few blocks are in flight per worker. On Ctrl-C the blocks that
-    finished are handed to ``keep``, the running ones are told to stop and are not waited for
-    (a kernel cannot be interrupted: the caller exits, or the thread ends with its block), so
-    the interrupt takes effect at once whatever a point's size."""
-    queue = deque(blocks)
+@contextlib.contextmanager
+def _here(grid: Grid, task: Task) -> Iterator[_Backend]:
+    """Blocks run in the calling thread as they are submitted: Ctrl-C lands between two points."""
+
+    def submit(block: np.ndarray) -> Future:
+        future: Future = Future()
+        future.set_result(run_block(grid, block, task))
+        return future
+
+    yield _Backend(submit, 1)
+
+
+@contextlib.contextmanager
+def _threads(grid: Grid, task: Task, workers: int) -> Iterator[_Backend]:
+    """Worker threads: the kernels release the GIL (``nogil``), the Python around them is a few
+    percent of a point, and threads cost nothing to start (no imports, no Numba start-up per
+    process). A running block is told to stop on Ctrl-C and is not waited for (the caller exits,
+    or the thread ends with its block)."""
     stop = threading.Event()
     pool = ThreadPoolExecutor(workers, thread_name_prefix="fastsim")
-    pending: set[Future] = set()
     try:
-        while queue or pending:
-            while queue and len(pending) < 2 * workers:
-                pending.add(pool.submit(run_block, grid, queue.popleft(), task, stop))
-            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
-            for future in finished:
-                yield future.result()
-    except KeyboardInterrupt:
-        for future in pending:
-            if future.done() and not future.cancelled() and future.exception() is None:
-                keep(*future.result())
-        raise
+        yield _Backend(lambda block: pool.submit(run_block, grid, block, task, stop), 2 * workers)
     finally:
         stop.set()
         pool.shutdown(wait=False, cancel_futures=True)
@@ -205,6 +228,7 @@ def _start_worker(grid: Grid, task: Task, parent: int) -> None:
 
 
 def _block_in_worker(block: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A block, in a worker process (the grid and task came with the fork)."""
     return run_block(_worker[0], block, _worker[1])
 
 
@@ -214,24 +238,29 @@ def _can_fork() -> bool:
     return sys.platform == "linux" and threading.active_count() == 1
 
 
-def _processes(grid: Grid, blocks: list[np.ndarray], task: Task, workers: int) -> Results:
-    """Run blocks in forked worker processes, for points too small for threads to share the GIL
-    well. Forked, a worker starts in milliseconds with the grid, the task and the loaded kernels
-    already in its memory; the pool is made before any progress bar's thread exists. Blocks come
-    back as they finish; on Ctrl-C the pool is terminated at once."""
+@contextlib.contextmanager
+def _processes(grid: Grid, task: Task, workers: int) -> Iterator[_Backend]:
+    """Forked worker processes, for points too small for threads to share the GIL well. Forked,
+    a worker starts in milliseconds with the grid, the task and the loaded kernels already in its
+    memory; every worker is forked here, before any other thread (the pool's own, a progress
+    bar's) exists. Ctrl-C kills them."""
     import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
 
-    pool = multiprocessing.get_context("fork").Pool(min(workers, len(blocks)), _start_worker, (grid, task, os.getpid()))
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"), initializer=_start_worker,
+                               initargs=(grid, task, os.getpid()))
+    pool.submit(os.getpid).result()  # a forking pool starts every worker at its first task
 
-    def results() -> Results:
-        try:
-            yield from pool.imap_unordered(_block_in_worker, blocks)
-            pool.close()
-        finally:
-            pool.terminate()
-            pool.join()
-
-    return results()
+    finished = False
+    try:
+        yield _Backend(lambda block: pool.submit(_block_in_worker, block), 2 * workers)
+        finished = True
+    finally:
+        if not finished:
+            for process in list((pool._processes or {}).values()):
+                with contextlib.suppress(OSError):
+                    process.kill()
+        pool.shutdown(wait=finished, cancel_futures=not finished)  # idle workers exit at once
 
 
 def check_scheduler(address: str) -> None:
@@ -283,11 +312,13 @@ def _quiet_workers() -> Iterator[None]:
             os.environ[key] = previous
 
 
-def _dask(grid: Grid, blocks: list[np.ndarray], task: Task, scheduler: str, workers: int, batched: bool
-          ) -> Results:
-    from distributed import Client, LocalCluster, as_completed
+@contextlib.contextmanager
+def _dask(grid: Grid, task: Task, scheduler: str, workers: int, batched: bool) -> Iterator[_Backend]:
+    """A Dask cluster (``local``: one started here, of ``workers`` processes). Every block is
+    submitted at once; Ctrl-C ends a local cluster's workers, which may be deep in a kernel."""
+    from distributed import Client, LocalCluster
 
-    cluster = quiet = None
+    cluster = None
     if scheduler == "local":
         with _sigint_ignored(), _quiet_workers():  # what its processes inherit
             cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None)
@@ -297,28 +328,26 @@ def _dask(grid: Grid, blocks: list[np.ndarray], task: Task, scheduler: str, work
             client = Client(scheduler, timeout="10s")
         except (OSError, TimeoutError, ValueError) as exc:
             raise ConfigError(f"--scheduler {scheduler}: cannot reach a Dask scheduler ({exc})") from None
+    quiet = logging.getLogger("distributed")  # the scheduler, here, would log the loss of killed workers
+    level = quiet.level
     try:
         client.run(warm_up, grid, batched)
         shared = client.scatter(grid, broadcast=True)  # sent once, not with every block
-        futures = [client.submit(run_block, shared, block, task, pure=False) for block in blocks]
+        executor = client.get_executor(pure=False)
         try:
-            for future in as_completed(futures):
-                yield future.result()
-        except KeyboardInterrupt:
+            yield _Backend(lambda block: executor.submit(run_block, shared, block, task), 1 << 62)
+        except BaseException:
             if cluster is not None:  # its workers may be deep in a kernel: end them, not wait
-                quiet = logging.getLogger("distributed")  # the scheduler, here, would log their loss
-                level = quiet.level
                 quiet.setLevel(logging.CRITICAL)
                 _kill_workers(cluster)
             raise
         finally:
-            client.cancel(futures)
+            executor.shutdown(wait=False)
     finally:
         client.close()
         if cluster is not None:
             cluster.close()
-            if quiet is not None:
-                quiet.setLevel(level)
+        quiet.setLevel(level)
 
 
 def _kill_workers(cluster) -> None:
@@ -374,34 +403,38 @@ def run_grid(
     blocks = make_blocks(grid, todo, workers, task.seconds_per_request)
     n_done = grid.size - todo.size
     batched = isinstance(task, Simulate) and grid.min_requests <= MAX_REQUESTS  # which code the points run
+    seconds = point_seconds(grid, task.seconds_per_request)
     if not blocks:
-        results: Iterator = iter(())
+        backend = _here(grid, task)
     elif scheduler is not None:
         warm_up(grid, batched)  # fill Numba's cache here, so local Dask workers only load it
-        results = _dask(grid, blocks, task, scheduler, workers, batched)
-    elif (workers == 1 or len(blocks) == 1) and point_seconds(grid, task.seconds_per_request) < INTERRUPT_S:
-        results = _in_process(grid, blocks, task)  # Ctrl-C lands between two points
+        backend = _dask(grid, task, scheduler, workers, batched)
+    elif (workers == 1 or len(blocks) == 1) and seconds < INTERRUPT_S:
+        backend = _here(grid, task)  # Ctrl-C lands between two points
     elif grid.max_requests * task.seconds_per_request < MIN_REQUESTS_FOR_THREADS * SECONDS_PER_REQUEST:
-        if todo.size * point_seconds(grid, task.seconds_per_request) < MIN_SECONDS_FOR_PROCESSES or not _can_fork():
-            results = _in_process(grid, blocks, task)
+        if todo.size * seconds < MIN_SECONDS_FOR_PROCESSES or not _can_fork():
+            backend = _here(grid, task)
         else:
             warm_up(grid, batched)  # compile or load once, before the workers are forked
-            results = _processes(grid, blocks, task, workers)
+            backend = _processes(grid, task, min(workers, len(blocks)))
     else:
         warm_up(grid, batched)  # compile or load once, before threads call the kernels
-        results = _threads(grid, blocks, task, min(workers, len(blocks)), record)
-    if on_progress:  # the bar starts (and its thread) once any worker process was forked
+        backend = _threads(grid, task, min(workers, len(blocks)))
+    if on_progress:
         cost = SECONDS_PER_POINT + grid.requests_per_point() * task.seconds_per_request  # estimated, per point
         work_total = float(cost.sum())
         work = work_total - float(cost[todo].sum())
-        on_progress(n_done, grid.size, work / work_total)
     try:
-        for indices, rows in results:
-            record(indices, rows)
-            n_done += len(indices)
-            if on_progress:
-                work += float(cost[indices].sum())
-                on_progress(n_done, grid.size, min(1.0, work / work_total))
+        with backend as where:
+            results = _run_blocks(where, blocks, record)
+            if on_progress:  # the bar (and its thread) starts once any worker process was forked
+                on_progress(n_done, grid.size, work / work_total)
+            for indices, rows in results:
+                record(indices, rows)
+                n_done += len(indices)
+                if on_progress:
+                    work += float(cost[indices].sum())
+                    on_progress(n_done, grid.size, min(1.0, work / work_total))
     finally:
         if log is not None:
             log.close()

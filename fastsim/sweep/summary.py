@@ -15,12 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from ..analysis.capacity import STATUSES, binding_of
 from ..analysis.metrics import METRICS
-from ..analysis.plan import CANNOT_RUN, FIRST_METRIC, MET, NEVER_MET, ranking
+from ..analysis import capacity, plan
 from ..model.schema import Config
 from .grid import Grid
-from .io import plan_binding
 
 METRIC_INDEX = {name: k for k, name in enumerate(METRICS)}
 FULL_TABLE_MAX_ROWS = 40
@@ -195,22 +193,20 @@ def summarize(grid: Grid, table: np.ndarray) -> tuple[str, list[str], list[list[
     return title, labels + headers, rows, len(labels)
 
 
-def capacity_rows(grid: Grid, table: np.ndarray, targets) -> tuple[str, list[str], list[list[str]], int]:
-    """(title, headers, rows, label columns) for a capacity search (``table``: its rows, shape
-    (*axes, columns)): per setting, the highest rate meeting every target, the goodput there,
-    the latencies, and the target that binds."""
+def capacity_rows(grid: Grid, answers: list[capacity.Answer], targets) -> tuple[str, list[str], list[list[str]], int]:
+    """(title, headers, rows, label columns) for a capacity search, one answer per setting in C
+    order: per setting, the highest rate meeting every target, the goodput there, the
+    latencies, and the target that binds."""
     dims = [key.rsplit(".", 1)[-1] for key in grid.keys]
-    names = [str(t) for t in targets]
-    metric = {name: 4 + k for k, name in enumerate(METRICS)}
     rows = []
-    for index in np.ndindex(*grid.shape):
-        row = table[index]
+    for index, a in zip(np.ndindex(*grid.shape), answers):
         labels = [_label(grid.axes[j][i]) for j, i in enumerate(index)]
-        status = STATUSES[int(row[1])]
-        rate = {"found": f"{row[0]:.3g}", "bound not reached": f">= {row[0]:.3g}", "lowest rate fails": "none"}[status]
-        binding = binding_of(status, row[0], names[int(row[2])] if row[2] >= 0 else "")
-        rows.append(labels + [rate, f"{row[metric['goodput_rps']]:.3g}", f"{row[metric['ttft_p99_s']]:.2f}s",
-                              f"{row[metric['tpot_p99_s']] * 1e3:.1f}ms", f"{row[metric['e2e_p99_s']]:.1f}s", binding])
+        rate = {"found": f"{a.max_rate:.3g}", "bound not reached": f">= {a.max_rate:.3g}",
+                "lowest rate fails": "none"}[a.status]
+        m = a.metrics
+        rows.append(labels + [rate, f"{m['goodput_rps']:.3g}", f"{m['ttft_p99_s']:.2f}s",
+                              f"{m['tpot_p99_s'] * 1e3:.1f}ms", f"{m['e2e_p99_s']:.1f}s", a.binding])
+    names = [str(t) for t in targets]
     title = f"capacity: the highest rate (requests/s, to 1 %) meeting {' and '.join(names)}"
     return title, dims + ["max rate", "goodput", "TTFT p99", "TPOT p99", "e2e p99", "binding"], rows, len(dims)
 
@@ -219,21 +215,19 @@ def _finite(x: float) -> float | None:
     return None if math.isnan(x) else x
 
 
-def plan_entries(grid: Grid, table: np.ndarray, targets) -> list[dict[str, Any]]:
+def plan_entries(grid: Grid, answers: list[plan.Answer]) -> list[dict[str, Any]]:
     """A plan's candidates cheapest first, as ``fastsim plan --json`` prints them: settings
     (dotted key: value), replicas (None when the targets never hold), gpus, USD per hour and per
     million tokens, every metric at the answer (NaN as None) and what binds."""
-    flat = table.reshape(-1, table.shape[-1])
     entries = []
-    for i in ranking(flat):
-        row = flat[i]
-        metrics = {name: _finite(float(v)) for name, v in zip(METRICS, row[FIRST_METRIC:])}
-        met = int(row[1]) == MET
+    for i in plan.ranking(answers):
+        a = answers[i]
+        metrics = {name: _finite(float(v)) for name, v in a.metrics.items()}
+        met = a.status == plan.MET
         settings = {key: values[j] for key, values, j in zip(grid.keys, grid.axes, grid.indices(int(i)))}
-        entries.append({"settings": settings, "replicas": int(row[0]) if met else None,
-                        "gpus": int(metrics["gpus"]) if met else None, "usd_per_hour": metrics["usd_per_hour"],
-                        "usd_per_mtok": metrics["usd_per_mtok"], "metrics": metrics,
-                        "binding": plan_binding(grid, int(i), row, targets)})
+        entries.append({"settings": settings, "replicas": a.replicas, "gpus": int(metrics["gpus"]) if met else None,
+                        "usd_per_hour": metrics["usd_per_hour"], "usd_per_mtok": metrics["usd_per_mtok"],
+                        "metrics": metrics, "binding": a.says})
     return entries
 
 
@@ -242,41 +236,38 @@ HARDWARE_AXES = ("hardware.preset", "model.preset", "fleet.prefill_hardware")
 TOP = 10  # candidates the compact plan shows when the grid has no such axis
 
 
-def plan_rows(grid: Grid, table: np.ndarray, targets, max_replicas: int, every: bool = False
+def plan_rows(grid: Grid, answers: list[plan.Answer], targets, max_replicas: int, every: bool = False
               ) -> tuple[str, list[str], list[tuple[str, list[list[str]]]], list[str]]:
-    """(title, headers, groups, notes) for a plan, cheapest first: per candidate a heading (its
-    rank, settings and what binds) over one row of figures. By default only the best candidate
-    per GPU and model (the hardware and model axes' values; the top ten when the grid has none),
-    ``every``: all of them. Candidates that cannot run are grouped by reason in the notes."""
-    flat = table.reshape(-1, table.shape[-1])
-    metric = {name: FIRST_METRIC + k for k, name in enumerate(METRICS)}
+    """(title, headers, groups, notes) for a plan (one answer per candidate, in C order),
+    cheapest first: per candidate a heading (its rank, settings and what binds) over one row of
+    figures. By default only the best candidate per GPU and model (the hardware and model axes'
+    values; the top ten when the grid has none), ``every``: all of them. Candidates that cannot
+    run are grouped by reason in the notes."""
     kinds = [j for j, key in enumerate(grid.keys) if key in HARDWARE_AXES]
     groups, seen, cannot = [], set(), {}
-    order = ranking(flat)
-    for rank, i in enumerate(order, start=1):
-        row, idx = flat[i], grid.indices(int(i))
-        binding = plan_binding(grid, int(i), row, targets)
-        if int(row[1]) == CANNOT_RUN:
-            cannot.setdefault(binding.removeprefix("cannot run: "), []).append(rank)
+    for rank, i in enumerate(plan.ranking(answers), start=1):
+        a, idx = answers[i], grid.indices(int(i))
+        if a.status == plan.CANNOT_RUN:
+            cannot.setdefault(a.binding, []).append(rank)
             continue
         kind = tuple(idx[j] for j in kinds)
         if not every and (kind in seen if kinds else len(groups) >= TOP):
             continue
         seen.add(kind)
         settings = ", ".join(f"{_setting(key)} {_label(grid.axes[j][v])}" for j, (key, v) in enumerate(zip(grid.keys, idx)))
-        heading = f"{rank}. {settings or 'the config'}: {binding or 'one replica meets them'}"
-        if int(row[1]) != MET:
+        heading = f"{rank}. {settings or 'the config'}: {a.says or 'one replica meets them'}"
+        if a.status != plan.MET:
             groups.append((heading, [[f"> {max_replicas}", "", "", "", "", "", ""]]))
             continue
-        m = {name: row[k] for name, k in metric.items()}
+        m = a.metrics
         attainment = m["slo_attainment"]
-        groups.append((heading, [[f"{row[0]:.0f}", f"{m['gpus']:.0f}", _money(m["usd_per_hour"]),
+        groups.append((heading, [[f"{a.replicas}", f"{m['gpus']:.0f}", _money(m["usd_per_hour"]),
                                   _money(m["usd_per_mtok"]), f"{m['ttft_p99_s']:.2f}s",
                                   f"{m['tpot_p99_s'] * 1e3:.1f}ms",
                                   "" if math.isnan(attainment) else f"{attainment * 100:.1f}%"]]))
     notes = [f"{len(ranks)} candidate{'s' if len(ranks) > 1 else ''} cannot run ({_ranks(ranks)}): {reason}"
              for reason, ranks in cannot.items()]
-    runnable = flat.shape[0] - sum(len(r) for r in cannot.values())
+    runnable = len(answers) - sum(len(r) for r in cannot.values())
     if len(groups) < runnable:
         per = "per " + " and ".join(_setting(grid.keys[j]) for j in kinds) if kinds else f"the top {TOP}"
         notes.append(f"{len(groups)} of {runnable} candidates shown, the best {per}; --all lists every one")

@@ -10,6 +10,7 @@ overhead is added once, by :func:`run` (or the fleet's driver), to every request
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -25,6 +26,19 @@ __all__ = ["RING_MAX", "RUNS_PER_REQUEST", "Outcome", "Plan", "Scratch", "kv_tot
 UNLIMITED_BUDGET = 1 << 62
 RUNS_PER_REQUEST = 3  # room for step runs; measured 0.9 to 2.8 a request (lesson, rates 8 and 40)
 NO_TOKEN_1 = np.empty(0)
+
+
+class Counters(NamedTuple):
+    """What a kernel returns beside the per-request times it fills (:mod:`.one_engine`)."""
+
+    steps: int
+    busy: int  # slot-steps that emitted a token
+    max_queue: int
+    preemptions: int
+    kv_sum: int  # sum over steps of KV blocks in use
+    kv_peak: int
+    runs: int  # step runs it recorded (or needed room for)
+    gaps: int  # irregular gaps likewise
 
 
 @dataclass(frozen=True)
@@ -147,7 +161,7 @@ class Scratch:
         return self.state[:size].reshape(rows, n + 1)
 
 
-def outcome(p: Plan, first_token: np.ndarray, done: np.ndarray, counters: tuple, runs: np.ndarray, gaps: np.ndarray,
+def outcome(p: Plan, first_token: np.ndarray, done: np.ndarray, counters: Counters, runs: np.ndarray, gaps: np.ndarray,
             replica: np.ndarray | None = None) -> Outcome:
     """The Outcome of a kernel of plan ``p`` (one engine's, or a pool kernel's): its per-request
     times, the counters it returned (steps, busy, max_queue, preemptions, KV block-steps, peak KV
@@ -184,12 +198,11 @@ def run_engine(p: Plan, arrival: np.ndarray, prompt: np.ndarray, output: np.ndar
     while True:
         runs = scratch.take(room[0], compact)
         gaps = np.empty(room[1])
-        counters = kernel(arrival, prompt, output, numbers, token_1, first_token, done, runs, gaps,
-                          scratch.work(rows, n))
-        nruns, ngaps = counters[6:]
-        if nruns <= len(runs) and ngaps <= len(gaps):
+        counters = Counters(*kernel(arrival, prompt, output, numbers, token_1, first_token, done, runs, gaps,
+                                    scratch.work(rows, n)))
+        if counters.runs <= len(runs) and counters.gaps <= len(gaps):
             break
-        room = (max(nruns, room[0]), max(ngaps, room[1]))  # rare: run again with room for every record
+        room = (max(counters.runs, room[0]), max(counters.gaps, room[1]))  # rare: run again with room for every record
     return outcome(p, first_token, done, counters, runs, gaps)
 
 

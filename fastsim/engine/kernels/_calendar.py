@@ -189,3 +189,18 @@ def record_compact(runs, count, kv_tokens, m, w):
         if m == 0:
             return count
         kv_tokens += part * w
+
+
+@inline
+def extend_run(runs, nruns, run_kv, run_pairs, run_nw, run_m, n_tok, kv_tok, pairs, m, w):
+    """A replica's run of ``m`` steps (as :func:`record` takes one) extends its open run (kept by
+    the caller, so that replicas' runs do not interleave) when it continues it; else the open run
+    is written to ``runs`` and this one opens.
+    Returns (nruns, and the open run: kv, pairs, N << 32 | w, m)."""
+    if m <= 0 or w <= 0:
+        return nruns, run_kv, run_pairs, run_nw, run_m
+    nw = (n_tok << 32) | w
+    if run_m > 0 and run_nw == nw and run_kv + run_m * w == kv_tok and run_pairs + run_m * w == pairs:
+        return nruns, run_kv, run_pairs, run_nw, run_m + m
+    nruns = record(runs, nruns, run_nw >> 32, run_kv, run_pairs, run_m, run_nw & LOW)
+    return nruns, kv_tok, pairs, nw, m

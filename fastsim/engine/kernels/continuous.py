@@ -1,9 +1,6 @@
 """The serving model's continuous-batching step loop: one source for one engine and for a pool of
-replicas behind a load-aware router (docs/model/serving.md, docs/model/fleets.md). Prefill and
-decode compute, a token budget with chunked prefill, paged KV blocks with preemption by
-recompute, reservation, a shared prefix, tensor parallelism in the step cost. With every
-serving-model addition off, one engine gives the lesson's results to the bit; the lesson's own
-kernels (:mod:`.lesson`) are used then.
+replicas behind a load-aware router (docs/model/serving.md, docs/model/fleets.md). With every
+serving-model addition off the lesson's own kernels (:mod:`.lesson`) run instead.
 
 One engine takes each request at the first step that starts at or after its arrival. A pool
 takes its requests in its order (arrival-sorted, ties in index order): before routing request
@@ -34,21 +31,20 @@ The work per step does not depend on the batch size:
   routing instant, arrival that would be admitted, completion, or step whose blocks do not fit.
 
 State is struct of arrays: per request the rows of ``work``; per replica its scalars (columns of
-``st``, in locals while it runs), its calendar (``stride`` buckets of ``bucket`` from
-``rep * stride``), its decoders by block phase (``bcount[rep]``) and its open step run (extended
-while steps continue it, written to ``runs`` when one does not). The arrays are indexed in place:
-a row view per replica at every routing instant cost ~8 % of the kernel's time.
+``st``, in locals while it runs), its calendar (buckets from ``rep * stride``), its decoders by
+block phase (``bcount[rep]``) and its open step run (written to ``runs`` when the next does not
+continue it). Arrays are indexed in place: a row view per replica per routing instant cost ~8 %.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..._jit import inline, jit, largest
+from ..._jit import jit, largest
 from ...model.cost import step_time
 from ..router import choose
 from ._bare import blocks_last, blocks_taken, mark, next_filled, occupancy, timed
-from ._calendar import LOW, RING_MAX, record
+from ._calendar import LOW, RING_MAX, extend_run, record
 from ._running import cal_file, cal_remove, cdiv, fresh, unlink
 
 WORK_ROWS = 13  # the kernel's per-request state: rows of ``work``
@@ -58,20 +54,6 @@ SHORTEST = 12  # ... if that many are left at least
 # Per-replica scalars, columns of ``st``.
 (RHEAD, RTAIL, RUNNING, CURSOR, N_DEC, SUM_C, PARTIAL, PTOP, NPRE, QFIRST, QLAST, NWAIT, STEPS, BUSY, MAX_QUEUE,
  PREEMPTIONS, KV_SUM, KV_PEAK, FREE, RUN_KV, RUN_PAIRS, RUN_NW, RUN_M, N_STATE) = range(24)
-
-
-@inline
-def _extend(runs, nruns, run_kv, run_pairs, run_nw, run_m, n_tok, kv_tok, pairs, m, w):
-    """A replica's run of ``m`` steps (as :func:`._calendar.record` takes one) extends its open
-    run when it continues it; else the open run is written to ``runs`` and this one opens.
-    Returns (nruns, and the open run: kv, pairs, N << 32 | w, m)."""
-    if m <= 0 or w <= 0:
-        return nruns, run_kv, run_pairs, run_nw, run_m
-    nw = (n_tok << 32) | w
-    if run_m > 0 and run_nw == nw and run_kv + run_m * w == kv_tok and run_pairs + run_m * w == pairs:
-        return nruns, run_kv, run_pairs, run_nw, run_m + m
-    nruns = record(runs, nruns, run_nw >> 32, run_kv, run_pairs, run_m, run_nw & LOW)
-    return nruns, kv_tok, pairs, nw, m
 
 
 @jit
@@ -295,8 +277,8 @@ def continuous(arrival, prompt, output, replicas, code, routes, limit, k, budget
                     kv_sum += used
                     kv_peak = max(kv_peak, used)
                 d = step_time(k, n_tok, kv_tok, pairs)
-                nruns, run_kv, run_pairs, run_nw, run_m = _extend(runs, nruns, run_kv, run_pairs, run_nw, run_m, n_tok,
-                                                                  kv_tok, pairs, 1, n_dec)
+                nruns, run_kv, run_pairs, run_nw, run_m = extend_run(runs, nruns, run_kv, run_pairs, run_nw, run_m,
+                                                                     n_tok, kv_tok, pairs, 1, n_dec)
                 now += d
                 steps += 1
                 busy += n_dec
@@ -422,8 +404,8 @@ def continuous(arrival, prompt, output, replicas, code, routes, limit, k, budget
                     cursor = cursor + m if cursor + m < ring else cursor + m - ring
                     break
                 kv_peak = max(kv_peak, used)
-                nruns, run_kv, run_pairs, run_nw, run_m = _extend(runs, nruns, run_kv, run_pairs, run_nw, run_m, n_dec,
-                                                                  kv0, kv0, steps - steps0, n_dec)
+                nruns, run_kv, run_pairs, run_nw, run_m = extend_run(runs, nruns, run_kv, run_pairs, run_nw, run_m,
+                                                                     n_dec, kv0, kv0, steps - steps0, n_dec)
             now_r[rep] = now
             st[rep, RHEAD], st[rep, RTAIL], st[rep, RUNNING] = rhead, rtail, running
             st[rep, CURSOR], st[rep, N_DEC], st[rep, SUM_C] = cursor, n_dec, sum_c
