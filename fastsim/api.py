@@ -26,10 +26,11 @@ from .sweep.grid import Grid, build_grid
 from .sweep.runner import Progress, Task, check_scheduler, run_grid
 
 # What the command line shows, named here so that it imports nothing else of the package.
-from .analysis.catalog import METRICS  # noqa: E402,F401
+from .analysis.catalog import METRICS  # noqa: F401
 from .analysis.compare import compare, describe_change  # noqa: F401
 from .analysis.measured import describe as describe_run  # noqa: F401
 from .analysis.plot import figure as plot  # noqa: F401
+from .bench import BenchCheckFailed, bench, cold_start, sweep_overhead, traffic_costs  # noqa: F401
 from .model.keys import config_keys, reference_markdown  # noqa: F401
 from .model.loading import parse_override  # noqa: F401
 from .model.presets import HARDWARE, MODEL_SHAPES, MODELS, PRICE_SOURCES  # noqa: F401
@@ -37,13 +38,12 @@ from .model.schema import LARGEST_POOL  # noqa: F401
 from .sweep.checkpoint import ResumeWarning  # noqa: F401
 from .sweep.memory import parse_size  # noqa: F401
 from .sweep.summary import capacity_rows, describe, next_steps, plan_entries, plan_rows, summarize  # noqa: F401
-from .bench import BenchCheckFailed, bench, cold_start, sweep_overhead, traffic_costs  # noqa: F401
 
 if TYPE_CHECKING:
     import xarray as xr
 
-__all__ = ["Result", "calibrate", "capacity", "capacity_to_file", "checkpoint_path", "load_config", "plan",
-           "plan_to_file", "simulate", "sweep", "sweep_to_file", "targets"]
+__all__ = ["Result", "calibrate", "capacity", "capacity_to_file", "check_memory", "checkpoint_path", "load_config",
+           "plan", "plan_to_file", "simulate", "sweep", "sweep_to_file", "targets", "write_requests"]
 
 
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Config:
