@@ -28,7 +28,7 @@ from typing import Callable, Iterator, NamedTuple, Protocol
 import numpy as np
 
 from ..analysis.batch import MAX_REQUESTS, metric_rows
-from ..analysis.metrics import METRICS
+from ..analysis.metrics import METRICS, SORT_BELOW
 from ..analysis.simulation import simulate
 from ..engine.checks import check
 from ..engine.kernels import Plan
@@ -152,8 +152,10 @@ def _kernel_kind(config: Config) -> tuple:
 
 def warm_up(grid: Grid, batched: bool = False) -> None:
     """Load (or compile, once) the kernels the grid's points run, before workers call them: each
-    kind of kernel among the values of the axes that choose one, on a few requests; ``batched``:
-    as small points run, many to a compiled call (:mod:`fastsim.analysis.batch`)."""
+    kind of kernel among the values of the axes that choose one, on as few requests as take the
+    same metrics code as the grid's smallest point (a run of up to ``SORT_BELOW`` requests has
+    its own, which a grid of larger points would compile for nothing: 4.6 s of a first run);
+    ``batched``: as small points run, many to a compiled call (:mod:`fastsim.analysis.batch`)."""
     first = [0] * len(grid.keys)
     points = [tuple(first)]
     for a, key in enumerate(grid.keys):
@@ -167,8 +169,9 @@ def warm_up(grid: Grid, batched: bool = False) -> None:
         except ConfigError:
             continue
         kinds.setdefault(_kernel_kind(config), config)
+    n = 8 if grid.min_requests <= SORT_BELOW else SORT_BELOW + 1
     for config in kinds.values():
-        tiny = config.at({"workload.n_requests": 8, "workload.trace": None, "workload.rate": config.workload.rate or 1.0})
+        tiny = config.at({"workload.n_requests": n, "workload.trace": None, "workload.rate": config.workload.rate or 1.0})
         if batched:
             metric_rows([tiny])
         else:
