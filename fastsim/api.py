@@ -31,7 +31,7 @@ from .analysis.compare import compare, describe_change  # noqa: F401
 from .analysis.measured import describe as describe_run  # noqa: F401
 from .analysis.plot import figure as plot  # noqa: F401
 from .bench import BenchCheckFailed, bench, cold_start, sweep_overhead, traffic_costs  # noqa: F401
-from .model.keys import config_keys, reference_markdown  # noqa: F401
+from .model.keys import config_keys, default_text, reference_markdown  # noqa: F401
 from .model.loading import parse_override  # noqa: F401
 from .model.presets import HARDWARE, MODEL_SHAPES, MODELS, PRICE_SOURCES  # noqa: F401
 from .model.schema import LARGEST_POOL  # noqa: F401

@@ -149,7 +149,7 @@ def keys(
                                                                "(docs/configuration.md).")] = False,
 ) -> None:
     """List every config key (what a file, --set and sweep: accept) with its kind, default and units."""
-    from ..api import config_keys, reference_markdown
+    from ..api import config_keys, default_text, reference_markdown
 
     from rich.table import Table
 
@@ -164,6 +164,5 @@ def keys(
         table.add_column(name, no_wrap=True)
     table.add_column("kind")  # the one column that wraps, at its words, on a narrow terminal
     for k in rows:
-        default = "null" if k.default is None else f"{k.default:g}" if isinstance(k.default, float) else str(k.default)
-        table.add_row(k.name, default, k.units, k.kind)
+        table.add_row(k.name, default_text(k.default), k.units, k.kind)
     out.print(table)

@@ -72,7 +72,8 @@ def config_keys(section: str | None = None) -> list[Key]:
     return result
 
 
-def _default_text(value: Any) -> str:
+def default_text(value: Any) -> str:
+    """A default as the reference shows it: null, 0.9, paged."""
     return "null" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
 
 
@@ -91,6 +92,6 @@ def reference_markdown() -> str:
                 lines.append("")
             section = here
             lines += [f"## `{section}`", "", "| key | kind | default | units | meaning |", "| --- | --- | --- | --- | --- |"]
-        lines.append(f"| `{k.name}` | {k.kind.replace('|', '&#124;')} | {_default_text(k.default)} | {k.units} | "
+        lines.append(f"| `{k.name}` | {k.kind.replace('|', '&#124;')} | {default_text(k.default)} | {k.units} | "
                      f"{k.meaning} |")
     return "\n".join(lines) + "\n"

@@ -19,6 +19,7 @@ import yaml
 
 from .._version import __version__
 from ..analysis import capacity, plan
+from ..analysis.catalog import ANSWERS
 from ..analysis.metrics import INTEGER_METRICS, METRICS
 from ..analysis.simulation import Result
 from ..model.keys import units
@@ -159,7 +160,7 @@ def capacity_layout(grid: Grid, answers: Sequence[capacity.Answer], targets: lis
     axes = dims(grid)
     data = {
         "max_rate_rps": (axes, np.array([a.max_rate for a in answers]).reshape(grid.shape),
-                         {"units": "requests/s", "long_name": "highest request rate meeting every target (to 1 %)"}),
+                         {"units": ANSWERS["max_rate_rps"].units, "long_name": ANSWERS["max_rate_rps"].long_name}),
         "binding": (axes, np.array([a.binding for a in answers], dtype=object).reshape(grid.shape),
                     {"long_name": "the target that fails just above max_rate_rps, or why there is none"}),
         **base.data,
@@ -181,7 +182,8 @@ def plan_layout(grid: Grid, answers: Sequence[plan.Answer], targets: list, max_r
     axes = dims(grid)
     data = {
         "replicas": (axes, replicas.reshape(grid.shape), {
-            "units": "replicas", "long_name": f"fewest replicas meeting every target (NaN: none up to {max_replicas})"}),
+            "units": ANSWERS["replicas"].units,
+            "long_name": f"{ANSWERS['replicas'].long_name} (NaN: none up to {max_replicas})"}),
         "rank": (axes, rank.reshape(grid.shape), {"long_name": "rank by USD/hour, then GPUs, then TTFT p99 (1: best)"}),
         "binding": (axes, np.array([a.says for a in answers], dtype=object).reshape(grid.shape),
                     {"long_name": "the target that fails with one replica fewer, or why there is no answer"}),
