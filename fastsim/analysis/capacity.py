@@ -26,6 +26,7 @@ from .targets import Stopped, Target, failing
 
 RATE = "workload.rate"
 TOLERANCE = 0.01  # the highest passing and lowest failing rate end within 1 % of each other
+DIGITS = 4  # the answer is rounded down to this many significant digits when that rate holds too
 MIN_RATE, MAX_RATE = 1e-3, 1e5  # requests/s: the search never leaves these
 STATUSES = ("found", "lowest rate fails", "bound not reached")
 SECONDS_PER_REQUEST = 20 * 1.6e-7  # a search runs ~10-20 simulations of the setting
@@ -93,7 +94,22 @@ def search(config: Config, targets: list[Target], stop: threading.Event | None =
             bad = mid
         else:
             good = mid
+    short = round_down(good)  # a rate a planner can type, if it holds too (it was simulated)
+    if short < good and not fails(short):
+        good = short
     return Answer(good, "found", str(fails(bad)[0]), measure(good), runs)
+
+
+def round_down(rate: float, digits: int = DIGITS) -> float:
+    """``rate`` rounded down to ``digits`` significant digits."""
+    scale = 10.0 ** (digits - 1 - math.floor(math.log10(rate)))
+    return math.floor(rate * scale * (1 + 1e-12)) / scale
+
+
+def rate_text(rate: float) -> str:
+    """A found rate as tables print it: exactly the value that was simulated and held (in as few
+    digits as say it), so that running it meets the targets."""
+    return next((text for d in range(DIGITS, 18) if float(text := f"{rate:.{d}g}") == rate), repr(rate))
 
 
 def binding_of(status: str, max_rate: float, target: str) -> str:

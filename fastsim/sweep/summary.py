@@ -201,8 +201,8 @@ def capacity_rows(grid: Grid, answers: list[capacity.Answer], targets) -> tuple[
     rows = []
     for index, a in zip(np.ndindex(*grid.shape), answers):
         labels = [_label(grid.axes[j][i]) for j, i in enumerate(index)]
-        rate = {"found": f"{a.max_rate:.3g}", "bound not reached": f">= {a.max_rate:.3g}",
-                "lowest rate fails": "none"}[a.status]
+        rate = "none" if a.status == "lowest rate fails" else capacity.rate_text(a.max_rate)
+        rate = f">= {rate}" if a.status == "bound not reached" else rate
         m = a.metrics
         rows.append(labels + [rate, f"{m['goodput_rps']:.3g}", f"{m['ttft_p99_s']:.2f}s",
                               f"{m['tpot_p99_s'] * 1e3:.1f}ms", f"{m['e2e_p99_s']:.1f}s", a.binding])
