@@ -44,6 +44,7 @@ ROUNDS = 4  # rounds of search at most, each from where the last stopped
 # change anywhere in the simulation (1e-13 of a time) sent it to another local minimum.
 DIGITS = 6
 ROBUST = 0.1  # soft L1: log errors up to about this size (10 %) count squared, larger ones linearly
+FAR = 0.5  # a run whose error after the fit is beyond this (50 %) is one the model does not reproduce
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,28 @@ class Fit:
     predicted_after: list[dict[str, float]]
     cost: float  # the robust sum of squared log errors after the fit (see ROBUST)
     evaluations: int
+
+    @property
+    def warnings(self) -> list[str]:
+        """What makes this fit doubtful, a line each: fewer measurements than fitted values, a
+        value that ended at its bound, a run the fitted model still misses by more than 50 %."""
+        out = []
+        measurements = sum(len(run.metrics) for run in self.runs)
+        if measurements < len(self.keys):
+            out.append(f"{measurements} measurement{'s' * (measurements != 1)} for {len(self.keys)} fitted values: "
+                       "the fit is underdetermined; fit fewer (--fit) or measure more runs")
+        for key, value in self.after.items():
+            low, high, _ = BOUNDS[key.removeprefix("calibration.")]
+            if (value <= low or value >= high) and self.before[key] != value:
+                out.append(f"{key} ended at its bound ({value:g}): the data asks for a value outside its "
+                           f"physical range [{low:g}, {high:g}], or for a term the model lacks")
+        for run, got in zip(self.runs, self.predicted_after):
+            for name, measured in run.metrics.items():
+                error = got[name] / measured - 1
+                if not abs(error) <= FAR:
+                    out.append(f"{run.source}: {name} is {error:+.0%} off after the fit (measured {measured:.4g}, "
+                               f"simulated {got[name]:.4g}): the model does not reproduce this run")
+        return out
 
     def errors(self, predicted: list[dict[str, float]]) -> dict[str, list[float]]:
         """Per metric, the relative error of every run that measured it (simulated / measured - 1)."""

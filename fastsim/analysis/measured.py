@@ -129,6 +129,7 @@ def read_vllm_json(path: Path, config: Config) -> Measured:
     if data.get("max_concurrency") is not None:
         raise ConfigError(f"{path}: max_concurrency {data['max_concurrency']}: a client that holds requests back "
                           "(a closed loop) is not modelled; measure with --max-concurrency unset")
+    _same_model(path, data, config)
     rate = data["request_rate"]
     burstiness = data.get("burstiness", 1.0)
     if not _is_number(burstiness) or not 0 < burstiness < math.inf:
@@ -166,6 +167,25 @@ def read_vllm_json(path: Path, config: Config) -> Measured:
     return Measured(path.name, {k: settings[k] for k in ("workload.n_requests", "workload.rate",
                                                           "workload.arrival", "workload.burstiness")},
                     run, measured, Traffic(arrival, inputs, outputs))
+
+
+def _words(name: str) -> set[str]:
+    """A model's name as words: ``meta-llama/Llama-3.1-8B-Instruct`` -> {llama, 3.1, 8b, instruct}."""
+    return set(re.split(r"[-_\s]+", name.lower().rsplit("/", 1)[-1])) - {""}
+
+
+def _same_model(path: Path, data: dict, config: Config) -> None:
+    """Refuse a result whose ``model_id`` (or ``tokenizer_id``) names another model than the
+    config's preset: every word of the preset's name (``llama-3.1-70b``) must be in the id's. A
+    config without a preset has nothing to compare."""
+    preset = config.model.preset
+    if preset is None:
+        return
+    for key in ("model_id", "tokenizer_id"):
+        name = data.get(key)
+        if isinstance(name, str) and name and not _words(preset) <= _words(name):
+            raise ConfigError(f"{path}: {key} {name!r} is not the config's model (model.preset {preset}): "
+                              f"calibrate against the model measured, e.g. --set model.preset=<its preset>")
 
 
 def _is_number(value: Any) -> bool:

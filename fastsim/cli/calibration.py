@@ -47,6 +47,8 @@ def calibrate(
             raise fail(f"{destination}: {exc.strerror or exc}") from None
     err.print(f"wrote {destination} ({len(result.runs)} runs, {result.evaluations} evaluations in "
               f"{time.perf_counter() - started:.1f} s)")
+    for warning in result.warnings:
+        err.print(f"warning: {warning}")
     before, after = result.errors(result.predicted_before), result.errors(result.predicted_after)
     if as_json:
         typer.echo(json.dumps({
@@ -56,6 +58,7 @@ def calibrate(
             "runs": [{"source": run.source, "settings": run.settings, "measured": run.metrics, "before": b, "after": a}
                      for run, b, a in zip(result.runs, result.predicted_before, result.predicted_after)],
             "median_abs_error": {name: statistics.median(abs(e) for e in errors) for name, errors in after.items()},
+            "warnings": result.warnings,
         }))
         return
     values = ", ".join(f"{k.removeprefix('calibration.')} {result.before[k]:g} -> {v:.4g}"

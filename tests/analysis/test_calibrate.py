@@ -142,6 +142,9 @@ BAD = [
      "bench.json: request_rate -4 is neither a positive number nor \"inf\""),
     ("bench.json", '{"request_rate": 4, "num_prompts": 1, "input_lens": [10], "output_lens": [5]}',
      "bench.json: no measured mean_ or median_ of ttft_ms"),
+    ("bench.json", '{"model_id": "meta-llama/Llama-3.1-70B-Instruct", "request_rate": 4, "num_prompts": 1, '
+                   '"input_lens": [10], "output_lens": [5], "mean_ttft_ms": 20}',
+     "bench.json: model_id 'meta-llama/Llama-3.1-70B-Instruct' is not the config's model (model.preset llama-3.1-8b)"),
 ]
 
 
@@ -197,3 +200,23 @@ def test_a_rounding_level_change_of_the_simulation_does_not_move_the_fit(tmp_pat
 
     monkeypatch.setattr(fitting, "simulate", nudged)
     assert calibrate(start, [measured], keys).after == plain
+
+
+def test_a_doubtful_fit_says_why_on_stderr_and_in_the_json(tmp_path):
+    """One run of two measurements for five values, one of them far off what the model can do:
+    the fit runs (exit 0) and says so, a line each."""
+    measured = tmp_path / "one.csv"
+    measured.write_text("model.preset,engine.tp,workload.rate,workload.n_requests,ttft_mean_s,e2e_mean_s\n"
+                        "llama-2-7b,1,4,300,30.0,2.0\n")
+    result = invoke("calibrate", BASE, measured, "--out", tmp_path / "fit.yaml", "--json")
+    assert result.exit_code == 0, result.output
+    warnings = json.loads(result.stdout)["warnings"]
+    assert warnings[0] == ("2 measurements for 5 fitted values: the fit is underdetermined; fit fewer (--fit) or "
+                           "measure more runs")
+    assert any(w.startswith("one.csv row 2: ttft_mean_s is ") and "off after the fit" in w for w in warnings)
+    assert [line.removeprefix("warning: ") for line in result.stderr.splitlines() if line.startswith("warning: ")] \
+        == warnings
+
+
+def test_a_result_of_the_config_s_model_is_read(tmp_path):
+    vllm_result(tmp_path / "bench.json", 4, lengths(1, 50))  # model_id meta-llama/Llama-2-7b-hf, preset llama-2-7b
