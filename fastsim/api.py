@@ -46,12 +46,13 @@ __all__ = ["Result", "calibrate", "capacity", "capacity_to_file", "check_memory"
            "plan", "plan_to_file", "simulate", "sweep", "sweep_to_file", "targets", "write_requests"]
 
 
-def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Config:
+def load_config(path: str | Path, overrides: dict[str, Any] | None = None, plan: bool = False) -> Config:
     """Read a YAML config (following ``extends:``), apply dotted-key ``overrides`` (a key
     ``sweep.<dotted.key>`` sets one sweep axis), validate it and check that its base scenario can
-    run; every problem is a :class:`ConfigError` naming the key."""
+    run; every problem is a :class:`ConfigError` naming the key. ``plan``: the config is a plan's,
+    whose prefill pool may be ``auto`` (the plan sizes it)."""
     config = read_config(path, overrides)
-    checks.check(config)
+    checks.check(config, plan)
     return config
 
 

@@ -11,6 +11,7 @@ and :func:`ranking` orders candidates by price per hour, then GPUs, then TTFT p9
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from typing import Callable
 import numpy as np
 
 from ..engine import checks
+from ..model import fleet as pools
 from ..model.schema import Config, ConfigError
 from .metrics import METRICS
 from .simulation import simulate
@@ -38,13 +40,19 @@ class Answer:
     # the one that fails at the limit (NEVER_MET), or why the candidate cannot run
     metrics: dict[str, float]  # at the answer (NaN when none)
     simulations: int
+    prefill_replicas: int | None = None  # a prefill pool the plan sized (fleet.prefill_replicas: auto), if MET
+    prefill_binding: str = ""  # the target that fails with one prefill replica fewer ("" when one suffices)
 
     @property
     def says(self) -> str:
         """What binds, as tables and datasets say it."""
         if self.status == CANNOT_RUN:
             return f"cannot run: {self.binding}"
-        return f"never met: {self.binding}" if self.status == NEVER_MET else self.binding
+        if self.status == NEVER_MET:
+            return f"never met: {self.binding}"
+        if self.prefill_replicas is None:
+            return self.binding
+        return f"decode: {self.binding or 'one replica'}; prefill: {self.prefill_binding or 'one replica'}"
 
 
 def search(config: Config, targets: list[Target], max_replicas: int = MAX_REPLICAS,
@@ -52,34 +60,85 @@ def search(config: Config, targets: list[Target], max_replicas: int = MAX_REPLIC
     """The fewest replicas of ``config``'s fleet (at most ``max_replicas``) that meet every
     target. ``stop``: raise :class:`~fastsim.analysis.targets.Stopped` once set (checked
     between simulations)."""
-    cache: dict[int, dict[str, float]] = {}
+    cache: dict[tuple[int, int | None], dict[str, float]] = {}
     nan = {k: math.nan for k in METRICS}
     try:
-        checks.check(config)  # whatever the replicas: they do not change what one engine can run
+        checks.check(config, plan=True)  # whatever the replicas: they do not change what one engine can run
     except ConfigError as exc:
         return Answer(CANNOT_RUN, None, str(exc), nan, 0)
 
-    def measure(replicas: int) -> dict[str, float]:
-        if replicas not in cache:
+    def measure(replicas: int, prefill: int | None = None) -> dict[str, float]:
+        if (replicas, prefill) not in cache:
             if stop is not None and stop.is_set():
                 raise Stopped
-            cache[replicas] = simulate(config.at({REPLICAS: replicas}), checked=True).metrics
-        return cache[replicas]
+            cache[replicas, prefill] = simulate(pools.with_pools(config, replicas, prefill), checked=True).metrics
+        return cache[replicas, prefill]
 
-    bad, good = 0, 1
-    while failing(targets, measure(good)):
+    def fails(replicas: int, prefill: int | None = None) -> list[Target]:
+        return failing(targets, measure(replicas, prefill))
+
+    if pools.sized_by_plan(config):
+        return dataclasses.replace(_both_pools(config, fails, measure, max_replicas), simulations=len(cache))
+    good = fewest(lambda r: not fails(r), max_replicas)
+    if good is None:
+        return Answer(NEVER_MET, None, str(fails(max_replicas)[0]), nan, len(cache))
+    binding = str(fails(good - 1)[0]) if good > 1 else ""
+    return Answer(MET, good, binding, measure(good), len(cache))
+
+
+def fewest(holds: Callable[[int], bool], most: int, least: int = 1) -> int | None:
+    """The fewest n in ``least``..``most`` for which ``holds(n)``, doubling from ``least`` and then
+    bisecting (so that n was seen to hold and n - 1 to fail, unless n is ``least``); None when
+    even ``most`` fails."""
+    bad, good = least - 1, least
+    while not holds(good):
         bad = good
-        if good == max_replicas:
-            return Answer(NEVER_MET, None, str(failing(targets, measure(good))[0]), nan, len(cache))
-        good = min(2 * good, max_replicas)
+        if good == most:
+            return None
+        good = min(2 * good, most)
     while good - bad > 1:
         mid = (bad + good) // 2
-        if failing(targets, measure(mid)):
-            bad = mid
-        else:
+        if holds(mid):
             good = mid
-    binding = str(failing(targets, measure(bad))[0]) if bad else ""
-    return Answer(MET, good, binding, measure(good), len(cache))
+        else:
+            bad = mid
+    return good
+
+
+def _both_pools(config: Config, fails, measure, most: int) -> Answer:
+    """The cheapest (decode, prefill) replica pair that meets every target, each pool at most
+    ``most``: the fewest prefill replicas that meet them with ``most`` decode replicas, then for
+    each prefill count from there the fewest decode replicas, while a larger prefill pool can
+    still be cheaper (its price with the fewest decode replicas any pool needs, those of the
+    largest prefill pool, is below the best found). Pairs are ranked by price per hour, then
+    GPUs. The pair meets the targets; the bindings name what fails with one decode, or one
+    prefill, replica fewer ("" when there is one, or when one fewer still meets them)."""
+    nan = {k: math.nan for k in METRICS}
+    first = fewest(lambda p: not fails(most, p), most)
+    if first is None:
+        return Answer(NEVER_MET, None, str(fails(most, most)[0]), nan, 0)
+
+    def cost(replicas: int, prefill: int) -> tuple[float, int]:
+        fleet = pools.with_pools(config, replicas, prefill)
+        usd = pools.usd_per_hour(fleet)
+        return (usd if math.isfinite(usd) else math.inf, pools.gpus(fleet))
+
+    floor = fewest(lambda r: not fails(r, most), most)  # the fewest decode replicas any prefill pool needs
+    best: tuple[int, int] | None = None
+    for prefill in range(first, most + 1):
+        if best is not None and cost(floor, prefill) >= cost(*best):
+            break
+        replicas = fewest(lambda r: not fails(r, prefill), most, floor)
+        if replicas is not None and (best is None or cost(replicas, prefill) < cost(*best)):
+            best = (replicas, prefill)
+    replicas, prefill = best
+
+    def fewer(r: int, p: int) -> str:
+        missed = fails(r, p) if r and p else []
+        return str(missed[0]) if missed else ""
+
+    return Answer(MET, replicas, fewer(replicas - 1, prefill), measure(replicas, prefill), 0, prefill,
+                  fewer(replicas, prefill - 1))
 
 
 class PlanSearch:
@@ -94,13 +153,19 @@ class PlanSearch:
             raise ConfigError(f"--max-replicas must be at least 1 (got {max_replicas})")
         self.targets = targets
         self.max_replicas = max_replicas
-        self.columns = ["replicas", "status", "binding", "simulations", *METRICS]
+        self.columns = ["replicas", "status", "binding", "simulations", "prefill_replicas", "prefill_binding",
+                        *METRICS]
         self.name = f"plan up to {max_replicas} replicas: " + "; ".join(map(str, targets))
 
     def row(self, a: Answer) -> list[float]:
         names = [str(t) for t in self.targets]
-        return [math.nan if a.replicas is None else a.replicas, a.status,
-                names.index(a.binding) if a.binding in names else -1, a.simulations, *a.metrics.values()]
+
+        def index(binding: str) -> int:
+            return names.index(binding) if binding in names else -1
+
+        return [math.nan if a.replicas is None else a.replicas, a.status, index(a.binding), a.simulations,
+                math.nan if a.prefill_replicas is None else a.prefill_replicas, index(a.prefill_binding),
+                *a.metrics.values()]
 
     def answers(self, table: np.ndarray, config_of: Callable[[int], Config]) -> list[Answer]:
         """The answers of a table of rows (any shape ending in the columns), in C order;
@@ -113,11 +178,13 @@ class PlanSearch:
             binding = names[int(row[2])] if row[2] >= 0 else ""
             if status == CANNOT_RUN:
                 try:
-                    checks.check(config_of(i))
+                    checks.check(config_of(i), plan=True)
                 except ConfigError as exc:
                     binding = str(exc)
-            metrics = dict(zip(METRICS, row[4:].tolist()))
-            out.append(Answer(status, int(row[0]) if status == MET else None, binding, metrics, int(row[3])))
+            metrics = dict(zip(METRICS, row[6:].tolist()))
+            prefill = None if math.isnan(row[4]) else int(row[4])
+            out.append(Answer(status, int(row[0]) if status == MET else None, binding, metrics, int(row[3]), prefill,
+                              names[int(row[5])] if row[5] >= 0 else ""))
         return out
 
     def __call__(self, configs: list[Config], stop: threading.Event | None = None) -> np.ndarray:

@@ -127,10 +127,11 @@ def user_errors() -> Iterator[None]:
         raise fail("out of memory: make the run smaller (workload.n_requests) or use fewer --workers") from None
 
 
-def load(path: Path, sets: list[str] | None) -> Config:
-    """The config a command runs (checked); from here on, a kernel compile is announced."""
+def load(path: Path, sets: list[str] | None, plan: bool = False) -> Config:
+    """The config a command runs (checked; ``plan``: a plan's, see :func:`fastsim.api.load_config`);
+    from here on, a kernel compile is announced."""
     _announce_compiles()
-    return load_config(path, dict(parse_override(s) for s in sets or []))
+    return load_config(path, dict(parse_override(s) for s in sets or []), plan)
 
 
 _compile_notice: list = []  # the one registered listener, once registered

@@ -75,7 +75,7 @@ def plan(
     from ..api import plan_entries, plan_rows, plan_to_file, targets
 
     with user_errors():
-        cfg = load(config, set_)
+        cfg = load(config, set_, plan=True)
         goals = targets(cfg, target, attainment, "plan")
         limit = max_memory(max_memory_)
     destination = out_path or Path("results") / f"{config.stem}-plan.nc"

@@ -202,7 +202,13 @@ CHECKS: list[tuple[tuple[str, ...], Callable[[Config], None]]] = [
 under its prefixes, the others at their first value. The last reads trace files."""
 
 
-def check(config: Config) -> None:
-    """Refuse ``config`` if it can never run (every check of :data:`CHECKS`)."""
+def check(config: Config, plan: bool = False) -> None:
+    """Refuse ``config`` if it can never run (every check of :data:`CHECKS`). A prefill pool the
+    plan sizes (``fleet.prefill_replicas: auto``) is for ``plan`` alone, checked as one replica."""
+    if fleet.sized_by_plan(config):
+        if not plan:
+            raise ConfigError("fleet.prefill_replicas: auto is what fastsim plan chooses; to run a fleet, give the "
+                              "number of prefill replicas (0: colocated)")
+        config = fleet.with_pools(config, config.fleet.replicas, 1)
     for _, run in CHECKS:
         run(config)

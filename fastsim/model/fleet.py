@@ -9,9 +9,26 @@ from .routers import ROUTERS
 from .schema import Config, Hardware
 
 
+AUTO = "auto"  # fleet.prefill_replicas that fastsim plan chooses
+
+
 def disaggregated(config: Config) -> bool:
     """True when a prefill pool serves the prompts and the replicas only decode."""
-    return config.fleet.prefill_replicas > 0
+    return config.fleet.prefill_replicas == AUTO or config.fleet.prefill_replicas > 0
+
+
+def sized_by_plan(config: Config) -> bool:
+    """True when ``fastsim plan`` chooses the prefill pool's size (``fleet.prefill_replicas: auto``)."""
+    return config.fleet.prefill_replicas == AUTO
+
+
+def with_pools(config: Config, replicas: int, prefill: int | None = None) -> Config:
+    """``config`` with ``replicas`` (decode) replicas, and ``prefill`` prefill replicas if given
+    (for a pool sized by the plan; values already valid)."""
+    values = {"fleet.replicas": replicas}
+    if prefill is not None:
+        values["fleet.prefill_replicas"] = prefill
+    return config.at(values)
 
 
 def kind(config: Config) -> str:

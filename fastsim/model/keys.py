@@ -17,7 +17,8 @@ from .schema import LEAF_KEYS, POLICIES, ROUTERS, Config, ConfigError
 # keys whose values a registry checks, not their type
 KINDS = {"engine.policy": " | ".join(POLICIES), "fleet.router": " | ".join(ROUTERS),
          "hardware.preset": "preset or null", "model.preset": "preset or null",
-         "fleet.prefill_hardware": "hardware preset or null", "workload.trace": "path or null"}
+         "fleet.prefill_hardware": "hardware preset or null", "workload.trace": "path or null",
+         "fleet.prefill_replicas": "int or auto"}
 
 
 @dataclass(frozen=True)

@@ -15,13 +15,14 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PlainValidator,
     TypeAdapter,
     ValidationError,
     field_validator,
     model_validator,
 )
 
-from .fields import ConfigError, Finite, Int, Section, doc  # ConfigError: imported from here by every layer
+from .fields import ConfigError, Finite, Int, Section, _integral, doc  # ConfigError: imported from here by every layer
 from .lengths import Output, Prompt
 from . import routers
 from .presets import HARDWARE, REGISTRIES
@@ -171,6 +172,16 @@ class Slo(Section):
     e2e_s: float | None = Field(None, gt=0, **Finite, **doc("end-to-end latency a good request meets", "s"))
 
 
+def _prefill_pool(value: Any) -> int | str:
+    """A whole number of prefill replicas (0: none), or ``auto`` (the plan sizes the pool)."""
+    if value == "auto":
+        return value
+    whole = _integral(value)
+    if isinstance(whole, bool) or not isinstance(whole, int) or not 0 <= whole <= LARGEST_POOL:
+        raise ValueError(f"must be a whole number of replicas from 0 to {LARGEST_POOL:,}, or auto (got {value!r})")
+    return whole
+
+
 class Fleet(Section):
     """Replicas behind a router, and an optional prefill pool (docs/model/fleets.md).
     None: as the engine (prefill_tp, prefill_max_batched_tokens) or the config's hardware."""
@@ -179,8 +190,9 @@ class Fleet(Section):
         "replicas of the engine (decode replicas, with a prefill pool)", "replicas"))
     router: str = Field("round_robin", **doc(
         "round_robin, random, least_outstanding or least_kv: which replica each request goes to"))
-    prefill_replicas: Int = Field(0, ge=0, le=LARGEST_POOL, **doc(
-        "a prefill pool in front (0: colocated; else the replicas only decode)", "replicas"))
+    prefill_replicas: Annotated[int | str, PlainValidator(_prefill_pool)] = Field(0, **doc(
+        "a prefill pool in front (0: colocated; else the replicas only decode); auto: fastsim plan sizes it",
+        "replicas"))
     prefill_tp: Int | None = Field(None, ge=1, **doc("tensor-parallel GPUs per prefill replica (null: engine.tp)",
                                                      "GPUs"))
     prefill_hardware: str | None = Field(None, **doc(

@@ -81,7 +81,8 @@ def replica_bytes(config: Config) -> int:
     ring = RING_MAX if w.trace is not None else min(w.max_output + 1, RING_MAX)
     stride = (ring + 63) // 64 * 64  # buckets, 8 bytes each, and the bitmap over them: a bit each
     calendar = stride * 8 + stride // 8 if how in ("pool", "disaggregated") else 0
-    return (config.fleet.replicas + config.fleet.prefill_replicas) * (BYTES_PER_REPLICA + calendar)
+    prefill = config.fleet.replicas if fleet.sized_by_plan(config) else config.fleet.prefill_replicas  # as many, at a guess
+    return (config.fleet.replicas + prefill) * (BYTES_PER_REPLICA + calendar)
 
 
 def check(config: Config, concurrent_runs: int = 1, points: int = 0, limit: int | None = None) -> None:

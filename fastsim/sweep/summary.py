@@ -225,9 +225,12 @@ def plan_entries(grid: Grid, answers: list[plan.Answer]) -> list[dict[str, Any]]
         metrics = {name: _finite(float(v)) for name, v in a.metrics.items()}
         met = a.status == plan.MET
         settings = {key: values[j] for key, values, j in zip(grid.keys, grid.axes, grid.indices(int(i)))}
-        entries.append({"settings": settings, "replicas": a.replicas, "gpus": int(metrics["gpus"]) if met else None,
-                        "usd_per_hour": metrics["usd_per_hour"], "usd_per_mtok": metrics["usd_per_mtok"],
-                        "metrics": metrics, "binding": a.says})
+        entry = {"settings": settings, "replicas": a.replicas, "gpus": int(metrics["gpus"]) if met else None,
+                 "usd_per_hour": metrics["usd_per_hour"], "usd_per_mtok": metrics["usd_per_mtok"],
+                 "metrics": metrics, "binding": a.says}
+        if a.prefill_replicas is not None:
+            entry["prefill_replicas"] = a.prefill_replicas
+        entries.append(entry)
     return entries
 
 
@@ -244,6 +247,7 @@ def plan_rows(grid: Grid, answers: list[plan.Answer], targets, max_replicas: int
     values; the top ten when the grid has none), ``every``: all of them. Candidates that cannot
     run are grouped by reason in the notes."""
     kinds = [j for j, key in enumerate(grid.keys) if key in HARDWARE_AXES]
+    sized = any(a.prefill_replicas is not None for a in answers)  # a column for the prefill pools the plan sized
     groups, seen, cannot = [], set(), {}
     for rank, i in enumerate(plan.ranking(answers), start=1):
         a, idx = answers[i], grid.indices(int(i))
@@ -256,12 +260,13 @@ def plan_rows(grid: Grid, answers: list[plan.Answer], targets, max_replicas: int
         seen.add(kind)
         settings = ", ".join(f"{_setting(key)} {_label(grid.axes[j][v])}" for j, (key, v) in enumerate(zip(grid.keys, idx)))
         heading = f"{rank}. {settings or 'the config'}: {a.says or 'one replica meets them'}"
+        prefill = [f"{'' if a.prefill_replicas is None else a.prefill_replicas}"] if sized else []
         if a.status != plan.MET:
-            groups.append((heading, [[f"> {max_replicas}", "", "", "", "", "", ""]]))
+            groups.append((heading, [[f"> {max_replicas}", *prefill, "", "", "", "", "", ""]]))
             continue
         m = a.metrics
         attainment = m["slo_attainment"]
-        groups.append((heading, [[f"{a.replicas}", f"{m['gpus']:.0f}", _money(m["usd_per_hour"]),
+        groups.append((heading, [[f"{a.replicas}", *prefill, f"{m['gpus']:.0f}", _money(m["usd_per_hour"]),
                                   _money(m["usd_per_mtok"]), f"{m['ttft_p99_s']:.2f}s",
                                   f"{m['tpot_p99_s'] * 1e3:.1f}ms",
                                   "" if math.isnan(attainment) else f"{attainment * 100:.1f}%"]]))
@@ -274,7 +279,8 @@ def plan_rows(grid: Grid, answers: list[plan.Answer], targets, max_replicas: int
     names = [str(t) for t in targets]
     title = (f"plan: per candidate, the fewest replicas (up to {max_replicas}) meeting {' and '.join(names)}; "
              "cheapest first; what binds follows each candidate (it fails with one replica fewer)")
-    headers = ["replicas", "GPUs", "$/hour", "$/Mtok", "TTFT p99", "TPOT p99", "SLO met"]
+    headers = ["replicas", *(["prefill"] if sized else []), "GPUs", "$/hour", "$/Mtok", "TTFT p99", "TPOT p99",
+               "SLO met"]
     return title, headers, groups, notes
 
 

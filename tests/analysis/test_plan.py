@@ -98,3 +98,40 @@ def test_plan_bad_input_exits_2(tmp_path, args, message):
 def test_plan_needs_a_target(tmp_path):
     result = invoke("plan", ROOT / "configs/reference.yaml", "--out", tmp_path / "x.nc")
     assert result.exit_code == 2 and "plan needs a target" in result.stderr
+
+
+PD = ROOT / "tests" / "data" / "plan-pd.yaml"
+
+
+def test_a_prefill_pool_the_plan_sizes_is_the_cheapest_pair_a_direct_run_confirms(tmp_path):
+    """fleet.prefill_replicas: auto: for each candidate the plan chooses both pools; the pair
+    meets the SLO, and one decode or one prefill replica fewer fails (or there is one)."""
+    result = invoke("plan", PD, "--json", "--out", tmp_path / "pd.nc")
+    assert result.exit_code == 0, result.output
+    entries = json.loads(result.stdout)
+    assert len(entries) == 4 and all(e["replicas"] and e["prefill_replicas"] for e in entries)
+
+    def attainment(settings, replicas, prefill):
+        sets = [a for key, value in {**settings, "fleet.replicas": replicas, "fleet.prefill_replicas": prefill}.items()
+                for a in ("--set", f"{key}={value}")]
+        ran = invoke("run", PD, "--json", *sets)
+        assert ran.exit_code == 0, ran.output
+        return json.loads(ran.stdout)["slo_attainment"]
+
+    for e in entries:
+        r, p = e["replicas"], e["prefill_replicas"]
+        assert attainment(e["settings"], r, p) >= 0.9
+        if p > 1:
+            assert attainment(e["settings"], r, p - 1) < 0.9
+        if r > 1:
+            assert attainment(e["settings"], r - 1, p) < 0.9
+        assert e["binding"].startswith("decode: ") and "; prefill: " in e["binding"]
+    with xr.open_dataset(tmp_path / "pd.nc") as ds:
+        assert ds.prefill_replicas.attrs["units"] == "replicas" and (ds.prefill_replicas.values >= 1).all()
+
+
+@pytest.mark.parametrize("command", ["run", "sweep", "capacity"])
+def test_a_prefill_pool_left_to_the_plan_is_refused_elsewhere(tmp_path, command):
+    result = invoke(command, PD, *(["--json"] if command == "run" else ["--out", tmp_path / "x.nc"]))
+    assert result.exit_code == 2
+    assert "fleet.prefill_replicas: auto is what fastsim plan chooses" in result.stderr, result.output
