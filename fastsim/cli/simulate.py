@@ -119,16 +119,20 @@ def bench(
 @command
 def presets() -> None:
     """List the hardware and model presets with the values they fill."""
-    from ..api import HARDWARE, MODEL_SHAPES, MODELS, PRICE_SOURCES
+    from ..api import DATASHEETS, HARDWARE, MODEL_SHAPES, MODELS, PRICE_SOURCES
 
     hw_fields = ["peak_tflops", "mem_bandwidth_tb_s", "mem_gb", "link_gb_s", "link_latency_us", "usd_per_gpu_hour"]
     print_table(
         "hardware.preset (dense BF16 TFLOP/s, HBM TB/s, GB, link GB/s per direction, all-reduce latency us, "
         "on-demand USD per GPU-hour)",
         ["preset", *hw_fields],
-        [[name, *(f"{values[f]:g}" for f in hw_fields)] for name, values in HARDWARE.items()],
+        [[name, *("n/a" if values[f] is None else f"{values[f]:g}" for f in hw_fields)]
+         for name, values in HARDWARE.items()],
     )
-    out.print("prices (hardware.usd_per_gpu_hour overrides them):")
+    out.print("datasheets:")
+    for name, source in DATASHEETS.items():
+        out.print(f"  {name}: {source}", soft_wrap=True)
+    out.print("prices (hardware.usd_per_gpu_hour overrides them; n/a: none found, cost is NaN until it is set):")
     for name, source in PRICE_SOURCES.items():
         out.print(f"  {name}: {source}", soft_wrap=True)
     out.print()

@@ -3,8 +3,9 @@ section that the config does not set (explicit keys win).
 
 Hardware: datasheet dense (no sparsity) BF16 tensor TFLOP/s, HBM bandwidth, memory, and the
 per-GPU, per-direction bandwidth of the link that tensor parallelism's all-reduces cross, with
-a typical small-message all-reduce latency; and an on-demand price per GPU-hour (USD), from the
-source and date noted beside it (list prices move: ``hardware.usd_per_gpu_hour`` overrides it).
+a typical small-message all-reduce latency (:data:`DATASHEETS`); and an on-demand price per
+GPU-hour (USD), from the source and date noted beside it (list prices move:
+``hardware.usd_per_gpu_hour`` overrides it), or none where no list price was found.
 
 Models: shapes from each model's Hugging Face ``config.json``. Weights are BF16 (2 bytes per
 parameter); the KV cache holds K and V for every layer and KV head: 2 x n_layers x kv_heads x
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 
 BYTES_PER_PARAM = 2  # BF16
 
-HARDWARE: dict[str, dict[str, float]] = {
+HARDWARE: dict[str, dict[str, float | None]] = {
     # NVLink 4: 900 GB/s bidirectional per GPU
     "h100-sxm": dict(peak_tflops=989.0, mem_bandwidth_tb_s=3.35, mem_gb=80.0, link_gb_s=450.0, link_latency_us=5.0,
                      usd_per_gpu_hour=2.69),
@@ -37,7 +38,54 @@ HARDWARE: dict[str, dict[str, float]] = {
     # Infinity Fabric: 7 links of 64 GB/s per direction
     "mi300x": dict(peak_tflops=1307.0, mem_bandwidth_tb_s=5.3, mem_gb=192.0, link_gb_s=448.0, link_latency_us=5.0,
                    usd_per_gpu_hour=1.85),
+    # Without a price below (None: cost is NaN until hardware.usd_per_gpu_hour is set). PCIe parts'
+    # tensor-parallel link is PCIe (per direction), with the latency of the other PCIe preset.
+    "h100-pcie": dict(peak_tflops=756.5, mem_bandwidth_tb_s=2.0, mem_gb=80.0, link_gb_s=64.0, link_latency_us=10.0,
+                      usd_per_gpu_hour=None),
+    "b300": dict(peak_tflops=2250.0, mem_bandwidth_tb_s=8.0, mem_gb=288.0, link_gb_s=900.0, link_latency_us=5.0,
+                 usd_per_gpu_hour=None),
+    "gb200": dict(peak_tflops=2500.0, mem_bandwidth_tb_s=8.0, mem_gb=186.0, link_gb_s=900.0, link_latency_us=5.0,
+                  usd_per_gpu_hour=None),
+    "a100-40gb": dict(peak_tflops=312.0, mem_bandwidth_tb_s=1.555, mem_gb=40.0, link_gb_s=300.0, link_latency_us=5.0,
+                      usd_per_gpu_hour=None),
+    "l4": dict(peak_tflops=121.0, mem_bandwidth_tb_s=0.3, mem_gb=24.0, link_gb_s=32.0, link_latency_us=10.0,
+               usd_per_gpu_hour=None),
+    "rtx-pro-6000": dict(peak_tflops=500.0, mem_bandwidth_tb_s=1.597, mem_gb=96.0, link_gb_s=64.0,
+                         link_latency_us=10.0, usd_per_gpu_hour=None),
+    "mi325x": dict(peak_tflops=1307.4, mem_bandwidth_tb_s=6.0, mem_gb=256.0, link_gb_s=448.0, link_latency_us=5.0,
+                   usd_per_gpu_hour=None),
+    "mi355x": dict(peak_tflops=2516.6, mem_bandwidth_tb_s=8.0, mem_gb=288.0, link_gb_s=537.6, link_latency_us=5.0,
+                   usd_per_gpu_hour=None),
 }
+
+DATASHEETS: dict[str, str] = {
+    "h100-sxm": "NVIDIA H100 Tensor Core GPU Datasheet, H100 SXM (2023-2024): BF16 1,979 TFLOPS with sparsity, "
+                "3.35 TB/s, 80 GB, NVLink 900 GB/s",
+    "h200": "NVIDIA H200 product page/datasheet, H200 SXM (2024): BF16 1,979 TFLOPS with sparsity, 4.8 TB/s, 141 GB, "
+            "NVLink 900 GB/s",
+    "a100-80gb": "NVIDIA A100 Tensor Core GPU Datasheet (June 2021), A100 80GB SXM: BF16 312 TFLOPS, 2,039 GB/s, "
+                 "NVLink 600 GB/s",
+    "b200": "NVIDIA HGX platform page, HGX B200, and DGX B200 Datasheet (2024): BF16 36 PF with sparsity per 8 GPUs, "
+            "1,440 GB and 64 TB/s per 8 GPUs; 8.0 TB/s also in Vultr's HGX B200 docs (2026-03)",
+    "l40s": "NVIDIA L40S Datasheet (2023): BF16 362.05 TFLOPS, 864 GB/s, 48 GB, PCIe Gen4 x16 64 GB/s",
+    "mi300x": "AMD Instinct MI300X Data Sheet (Dec 2023): BF16 1,307.4 TFLOPS, 5.3 TB/s, 192 GB, Infinity Fabric "
+              "896 GB/s",
+    "h100-pcie": "NVIDIA H100 Datasheet (2022) and H100 PCIe Product Brief PB-11133-001_v02 (Nov 2022): BF16 1,513 "
+                 "TFLOPS with sparsity, 2 TB/s, 80 GB, PCIe Gen5 128 GB/s",
+    "b300": "NVIDIA HGX platform page, HGX B300 (2025): BF16 36 PF with sparsity per 8 GPUs, 288 GB and 8 TB/s per "
+            "GPU, NVLink 1.8 TB/s",
+    "gb200": "NVIDIA GB200 NVL72 page (2024-2025): BF16 360 PF with sparsity and 576 TB/s per 72 GPUs, 13.4 TB HBM3e, "
+             "NVLink 130 TB/s",
+    "a100-40gb": "NVIDIA A100 Datasheet (2020 revision), A100 40GB SXM: BF16 312 TFLOPS, 1,555 GB/s, NVLink 600 GB/s",
+    "l4": "NVIDIA L4 Tensor Core GPU Datasheet (2023): BF16 242 TFLOPS with sparsity, 300 GB/s, 24 GB, PCIe Gen4",
+    "rtx-pro-6000": "NVIDIA RTX PRO 6000 Blackwell Server Edition page (2025): 96 GB GDDR7, 1,597 GB/s, PCIe Gen5; "
+                    "BF16 not printed: derived from 4,000 FP4 TOPS with sparsity (uncertain)",
+    "mi325x": "AMD Instinct MI325X product page (Oct 2024): BF16 1,307.4 TFLOPS, 6 TB/s, 256 GB",
+    "mi355x": "AMD Instinct MI355X product page (June 2025): BF16 2.5 PF, 8 TB/s, 288 GB; Infinity Fabric 1,075.2 "
+              "GB/s (uncertain)",
+}
+"""Where each hardware preset's figures come from: dense BF16 is half a with-sparsity figure
+where the vendor prints only that; per-direction links are half a bidirectional total."""
 
 PRICE_SOURCES: dict[str, str] = {
     # NVIDIA parts: RunPod Secure Cloud on-demand list (per GPU, SXM where there is a choice)

@@ -231,7 +231,7 @@ BAD_FLEETS = [
     (["fleet.replicaz=2"], "fleet.replicaz: unknown key (valid here: fleet.replicas, fleet.router"),
     (["fleet.router=fastest"], "fleet.router: must be one of round_robin, random, least_outstanding, least_kv "
                                "(got 'fastest')"),
-    (["fleet.prefill_replicas=-1"], "fleet.prefill_replicas: Input should be greater than or equal to 0"),
+    (["fleet.prefill_replicas=-1"], "fleet.prefill_replicas: must be a whole number of replicas from 0 to 1,000,000, or auto"),
     (["fleet.prefill_tp=0"], "fleet.prefill_tp: Input should be greater than or equal to 1"),
     (["fleet.prefill_hardware=h1000"], "fleet.prefill_hardware: unknown hardware preset 'h1000' (valid: h100-sxm"),
     (["fleet.prefill_max_batched_tokens=0"], "fleet.prefill_max_batched_tokens: Input should be greater than or equal"),

@@ -43,3 +43,22 @@ def test_a_preset_axis_sweeps_whole_gpus(tmp_path, root):
     for i, gpu in enumerate(["h100-sxm", "h200", "b200"]):
         one = simulate(fastsim.load_config(path, {"hardware.preset": gpu}))
         assert one.metrics["throughput_tok_s"] == thr[i]
+
+
+def test_every_gpu_of_the_datasheets_is_a_preset_with_its_source(root):
+    """The GPUs planners compare, each with where its figures come from; a GPU without a known
+    price costs NaN (never a crash) until hardware.usd_per_gpu_hour is set."""
+    import math
+
+    from fastsim.model.presets import DATASHEETS, HARDWARE, PRICE_SOURCES
+
+    assert set(HARDWARE) >= {"h100-sxm", "h100-pcie", "h200", "b200", "b300", "gb200", "a100-80gb", "a100-40gb",
+                             "l40s", "l4", "rtx-pro-6000", "mi300x", "mi325x", "mi355x"}
+    assert set(DATASHEETS) == set(HARDWARE)
+    assert {name for name, v in HARDWARE.items() if v["usd_per_gpu_hour"] is not None} == set(PRICE_SOURCES)
+    config = Config().with_values({"hardware.preset": "l4", "model.preset": "llama-3.1-8b",
+                                   "workload.n_requests": 200, "workload.rate": 1})
+    metrics = simulate(config).metrics
+    assert math.isnan(metrics["usd_per_hour"]) and math.isnan(metrics["usd_per_mtok"]) and metrics["gpus"] == 1
+    priced = simulate(config.with_values({"hardware.usd_per_gpu_hour": 0.5})).metrics
+    assert priced["usd_per_hour"] == 0.5
