@@ -123,7 +123,7 @@ def _both_pools(config: Config, fails, measure, most: int) -> Answer:
         usd = pools.usd_per_hour(fleet)
         return (usd if math.isfinite(usd) else math.inf, pools.gpus(fleet))
 
-    floor = fewest(lambda r: not fails(r, most), most)  # the fewest decode replicas any prefill pool needs
+    floor = fewest(lambda r: not fails(r, most), most) or 1  # the fewest decode replicas any prefill pool needs
     best: tuple[int, int] | None = None
     for prefill in range(first, most + 1):
         if best is not None and cost(floor, prefill) >= cost(*best):
@@ -131,6 +131,8 @@ def _both_pools(config: Config, fails, measure, most: int) -> Answer:
         replicas = fewest(lambda r: not fails(r, prefill), most, floor)
         if replicas is not None and (best is None or cost(replicas, prefill) < cost(*best)):
             best = (replicas, prefill)
+    if best is None:  # only where more replicas made it worse: no pair below the limits holds
+        return Answer(NEVER_MET, None, str(fails(most, first)[0]), nan, 0)
     replicas, prefill = best
 
     def fewer(r: int, p: int) -> str:
