@@ -13,7 +13,6 @@ from typer.testing import CliRunner
 
 from fastsim.cli import app
 from tests.conftest import ROOT
-from fastsim.model.schema import LEAF_KEYS
 
 SMALL = ["--set", "workload.n_requests=50"]
 H100 = "configs/h100.yaml"

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..engine.traffic import Traffic, generate
-from ..model.schema import Calibration, Config, ConfigError
+from ..model.schema import Calibration, ConfigError
 from .measured import Measured
 from .simulation import simulate
 

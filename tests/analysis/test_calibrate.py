@@ -3,7 +3,6 @@ files, refuses bad files naming the file, row and column, and the shipped calibr
 of the open measurements."""
 
 import json
-import math
 
 import numpy as np
 import pytest
