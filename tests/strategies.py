@@ -46,7 +46,12 @@ def oracle_engine(c: Config, prefill: bool = False) -> oracle_serving.Engine:
                                  "max_batched_tokens": f.prefill_max_batched_tokens or e.max_batched_tokens})
     bw = hw.mem_bandwidth_tb_s * 1e12 * cal.bandwidth_efficiency * e.tp
     overhead = cal.step_overhead_ms / 1e3 + (cal.layer_overhead_us * 1e-6 * m.n_layers if m.n_layers else 0.0)
-    k = [overhead, m.weight_gb * 1e9 / bw, m.kv_bytes_per_token / bw, 0.0, 0.0, 0.0, 0.0]
+    # KV heads split over the tp GPUs, each GPU holding ceil(kv_heads / tp) of them (replicated when
+    # tp exceeds them); without kv_heads, an even split
+    replicated = m.kv_heads is not None and e.tp > m.kv_heads
+    kv_gpu = m.kv_bytes_per_token * math.ceil(m.kv_heads / e.tp) / m.kv_heads if replicated else None
+    kv_read = kv_gpu / (bw / e.tp) if replicated else m.kv_bytes_per_token / bw
+    k = [overhead, m.weight_gb * 1e9 / bw, kv_read, 0.0, 0.0, 0.0, 0.0]
     if hw.peak_tflops is not None and m.params_b is not None:
         flops = hw.peak_tflops * 1e12 * cal.compute_efficiency * e.tp
         k[3] = 2e9 * m.params_b / flops
@@ -58,6 +63,10 @@ def oracle_engine(c: Config, prefill: bool = False) -> oracle_serving.Engine:
     gb = e.kv_cache_gb if e.kv_cache_gb is not None else (
         None if hw.mem_gb is None else e.tp * (hw.mem_gb * e.gpu_memory_utilization - e.reserved_gb) - m.weight_gb)
     blocks = None if gb is None else math.floor(gb * 1e9 / (e.block_tokens * m.kv_bytes_per_token))
+    if replicated and gb is not None:  # tokens one GPU holds, then whole blocks
+        tokens = e.kv_cache_gb * 1e9 / (e.tp * kv_gpu) if e.kv_cache_gb is not None else (
+            (hw.mem_gb * e.gpu_memory_utilization - e.reserved_gb - m.weight_gb / e.tp) * 1e9 / kv_gpu)
+        blocks = math.floor(math.floor(tokens) / e.block_tokens)
     return oracle_serving.Engine(
         policy=e.policy, limit=e.limit, window_s=e.window_ms / 1000 if e.policy == "dynamic" else math.inf,
         budget=math.inf if e.max_batched_tokens is None else e.max_batched_tokens, blocks=blocks,
@@ -96,7 +105,8 @@ def serving_configs(draw) -> Config:
         "model.n_layers": 32,
         "model.attn_dim": 4096,
         "model.hidden": 4096,
-        "engine.tp": draw(st.sampled_from([1, 1, 2, 4])),
+        "engine.tp": draw(st.sampled_from([1, 1, 2, 4, 8])),
+        "model.kv_heads": draw(st.sampled_from([None, 2, 8])),  # with tp 4 or 8 over 2 heads: replicated
         "hardware.link_gb_s": 450.0,
         "hardware.link_latency_us": draw(st.sampled_from([0.0, 5.0])),
         "calibration.step_overhead_ms": draw(st.sampled_from([0.0, 0.0, 1.5])),
@@ -118,7 +128,9 @@ def serving_configs(draw) -> Config:
         v["engine.max_batched_tokens"] = draw(st.integers(limit, 400))
     if draw(st.integers(0, 9)) < 7:  # a KV cache from just enough for the longest request to 3x
         tokens = draw(st.integers(prompt + o_max, 3 * (prompt + o_max)))
-        v["engine.kv_cache_gb"] = math.ceil(tokens / bt) * bt * 131072 / 1e9 * (1 + 1e-12)
+        tp, heads = v["engine.tp"], v["model.kv_heads"]
+        spread = tp * math.ceil(heads / tp) / heads if heads and tp > heads else 1  # replicated KV takes more
+        v["engine.kv_cache_gb"] = math.ceil(tokens / bt) * bt * 131072 * spread / 1e9 * (1 + 1e-12)
     if draw(st.booleans()):
         shortest = v.get("workload.prompt.min", prompt) if v.get("workload.prompt.dist", "fixed") != "fixed" else prompt
         v["workload.prefix_tokens"] = draw(st.integers(0, max(0, shortest - 1)))

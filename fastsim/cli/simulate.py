@@ -119,7 +119,7 @@ def bench(
 @command
 def presets() -> None:
     """List the hardware and model presets with the values they fill."""
-    from ..api import DATASHEETS, HARDWARE, MODEL_SHAPES, MODELS, PRICE_SOURCES
+    from ..api import DATASHEETS, HARDWARE, MODELS, PRICE_SOURCES
 
     hw_fields = ["peak_tflops", "mem_bandwidth_tb_s", "mem_gb", "link_gb_s", "link_latency_us", "usd_per_gpu_hour"]
     print_table(
@@ -136,12 +136,12 @@ def presets() -> None:
     for name, source in PRICE_SOURCES.items():
         out.print(f"  {name}: {source}", soft_wrap=True)
     out.print()
-    model_fields = ["weight_gb", "kv_bytes_per_token", "params_b", "n_layers", "attn_dim", "hidden"]
+    model_fields = ["weight_gb", "kv_bytes_per_token", "params_b", "n_layers", "attn_dim", "hidden", "kv_heads"]
     print_table(
-        "model.preset (BF16 weights; params_b: active per token; kv_heads: what engine.tp must divide)",
-        ["preset", *model_fields, "kv_heads"],
-        [[name, *(f"{values[f]:g}" for f in model_fields), str(MODEL_SHAPES[name].kv_heads)]
-         for name, values in MODELS.items()],
+        "model.preset (BF16 weights; params_b: active per token; kv_heads: what engine.tp divides or is a "
+        "multiple of)",
+        ["preset", *model_fields],
+        [[name, *(f"{values[f]:g}" for f in model_fields)] for name, values in MODELS.items()],
     )
 
 

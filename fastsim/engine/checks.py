@@ -19,7 +19,6 @@ import numpy as np
 
 from ..model import fleet
 from ..model.cost import COEFFICIENT_KEYS, coefficients, kv_blocks, kv_capacity_gb
-from ..model.presets import MODEL_SHAPES
 from ..model.routers import ROUTERS
 from ..model.schema import Config, ConfigError
 from . import trace
@@ -69,10 +68,10 @@ def _engine_runs(config: Config, output_max: int, prefill: bool = False) -> None
             f"min(engine.max_batch, engine.max_concurrent) ({e.limit}), as in vLLM"
         )
     if e.tp > 1:
-        shape = MODEL_SHAPES.get(m.preset) if m.preset else None
-        if shape is not None and shape.kv_heads % e.tp:
-            raise ConfigError(f"{key('engine.tp')} ({e.tp}) must divide the {shape.kv_heads} KV heads "
-                              f"of model.preset {m.preset}")
+        if m.kv_heads is not None and m.kv_heads % e.tp and e.tp % m.kv_heads:
+            of = f"model.preset {m.preset}" if m.preset else "the model (model.kv_heads)"
+            raise ConfigError(f"{key('engine.tp')} ({e.tp}) must divide the {m.kv_heads} KV heads of {of}, or be a "
+                              f"multiple of them (each GPU then holds a copy of one)")
         missing = [k for k, v in ((key("hardware.link_gb_s"), hw.link_gb_s), ("model.n_layers", m.n_layers),
                                   ("model.hidden", m.hidden)) if v is None]
         if missing:

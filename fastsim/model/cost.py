@@ -38,7 +38,8 @@ def coefficients(config: Config) -> np.ndarray:
     # a fixed time per step, and per layer of it (kernel latencies: every GPU runs each layer)
     k[OVERHEAD] = cal.step_overhead_ms / 1e3 + cal.layer_overhead_us * 1e-6 * (m.n_layers or 0)
     k[T_WEIGHTS] = m.weight_gb * 1e9 / bandwidth
-    k[T_KV] = m.kv_bytes_per_token / bandwidth
+    # each GPU reads the KV of the heads it holds (:func:`kv_bytes_per_gpu`)
+    k[T_KV] = m.kv_bytes_per_token / bandwidth if not replicated(config) else kv_bytes_per_gpu(config) / (bandwidth / e.tp)
     if hw.peak_tflops is not None and m.params_b is not None:
         flops = hw.peak_tflops * 1e12 * cal.compute_efficiency * e.tp  # FLOP/s, all GPUs
         k[T_TOKEN] = 2e9 * m.params_b / flops
@@ -83,6 +84,22 @@ def is_lesson(config: Config, k: np.ndarray | None = None) -> bool:
     )
 
 
+def replicated(config: Config) -> bool:
+    """True when tensor parallelism spans more GPUs than the model has KV heads: each GPU then
+    holds a whole head (vLLM replicates them)."""
+    return config.model.kv_heads is not None and config.engine.tp > config.model.kv_heads
+
+
+def kv_bytes_per_gpu(config: Config) -> float:
+    """KV bytes per token one GPU of the tensor-parallel group holds: the KV heads are split over
+    the tp GPUs, ceil(kv_heads / tp) on each (a whole head when tp exceeds them); without
+    ``model.kv_heads``, an even split."""
+    m, tp = config.model, config.engine.tp
+    if not replicated(config):
+        return m.kv_bytes_per_token / tp
+    return m.kv_bytes_per_token * math.ceil(m.kv_heads / tp) / m.kv_heads
+
+
 def kv_capacity_gb(config: Config) -> float | None:
     """GB of KV cache across the tensor-parallel group; None: unlimited."""
     hw, m, e = config.hardware, config.model, config.engine
@@ -100,6 +117,12 @@ def kv_blocks(config: Config) -> int | None:
     if capacity is None or per_block == 0:
         return None
     blocks = capacity * 1e9 / per_block
+    if replicated(config):  # the tokens one GPU holds, in whole blocks
+        hw, m, e = config.hardware, config.model, config.engine
+        kv_gpu = kv_bytes_per_gpu(config)
+        tokens = (e.kv_cache_gb * 1e9 / (e.tp * kv_gpu) if e.kv_cache_gb is not None else
+                  (hw.mem_gb * e.gpu_memory_utilization - e.reserved_gb - m.weight_gb / e.tp) * 1e9 / kv_gpu)
+        blocks = math.floor(tokens) / e.block_tokens if tokens <= LARGEST else tokens
     if blocks > LARGEST:  # also infinity: a count no machine holds, whose whole part a kernel cannot take
         raise ConfigError(f"the KV cache of {capacity:.3g} GB holds {blocks:.3g} blocks of engine.block_tokens "
                           f"{config.engine.block_tokens} x model.kv_bytes_per_token {config.model.kv_bytes_per_token:g} "

@@ -119,6 +119,7 @@ class ModelShape:
             n_layers=self.n_layers,
             attn_dim=self.heads * self.head_dim,
             hidden=self.hidden,
+            kv_heads=self.kv_heads,
         )
 
 

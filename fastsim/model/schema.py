@@ -89,6 +89,9 @@ class Model(_Preset):
                                                    "all-reduces)", "layers"))
     attn_dim: Int | None = Field(None, ge=1, **doc("attention heads x head dimension (the query-key cost)"))
     hidden: Int | None = Field(None, ge=1, **doc("hidden size (the all-reduces' payload)"))
+    kv_heads: Int | None = Field(None, ge=1, **doc(
+        "KV heads: tensor parallelism splits them over its GPUs and replicates them when tp exceeds them "
+        "(null: KV split evenly over tp)"))
 
 
 class Engine(Section):

@@ -24,7 +24,7 @@ def test_contract_keys_all_exist():
     workload.output.min workload.output.max workload.output.value
     workload.prompt.median workload.prompt.p90 workload.output.median workload.output.p90
     hardware.preset hardware.peak_tflops hardware.mem_gb hardware.link_gb_s hardware.link_latency_us
-    model.preset model.params_b model.n_layers model.attn_dim model.hidden
+    model.preset model.params_b model.n_layers model.attn_dim model.hidden model.kv_heads
     engine.max_batched_tokens engine.tp engine.kv_alloc engine.block_tokens engine.gpu_memory_utilization
     engine.reserved_gb engine.kv_cache_gb calibration.compute_efficiency calibration.bandwidth_efficiency
     calibration.step_overhead_ms calibration.layer_overhead_us calibration.api_overhead_ms workload.prefix_tokens workload.arrival

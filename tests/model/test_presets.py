@@ -62,3 +62,30 @@ def test_every_gpu_of_the_datasheets_is_a_preset_with_its_source(root):
     assert math.isnan(metrics["usd_per_hour"]) and math.isnan(metrics["usd_per_mtok"]) and metrics["gpus"] == 1
     priced = simulate(config.with_values({"hardware.usd_per_gpu_hour": 0.5})).metrics
     assert priced["usd_per_hour"] == 0.5
+
+
+def test_kv_heads_are_split_over_tp_and_replicated_beyond_them():
+    """Llama-3.1-70B has 8 KV heads of 40,960 bytes a token (80 layers x K and V x 128 x 2 bytes):
+    at tp 8 each H100 holds one head, and at tp 16 still one (a copy), with half the weights."""
+    import math
+
+    from fastsim.model.cost import coefficients, kv_blocks, kv_bytes_per_gpu
+
+    base = Config().with_values({"hardware.preset": "h100-sxm", "model.preset": "llama-3.1-70b"})
+    assert base.model.kv_heads == 8
+    per_head = 327680 / 8
+    for tp in (8, 16):
+        c = base.with_values({"engine.tp": tp})
+        assert kv_bytes_per_gpu(c) == per_head
+        free_gb = 80 * 0.9 - 2 - 141.1 / tp  # one GPU's memory after its share of the weights
+        assert kv_blocks(c) == math.floor(math.floor(free_gb * 1e9 / per_head) / 16)
+        assert coefficients(c)[2] == per_head / (3.35e12)  # a step reads one head's KV a token on each GPU
+    assert kv_bytes_per_gpu(base.with_values({"engine.tp": 4})) == 327680 / 4
+
+
+def test_a_tp_that_neither_divides_nor_is_a_multiple_of_the_kv_heads_is_refused(root):
+    result = CliRunner().invoke(app, ["run", str(root / "configs/h100.yaml"), "--set", "model.kv_heads=6",
+                                      "--set", "engine.tp=4"])
+    assert result.exit_code == 2
+    assert "engine.tp (4) must divide the 6 KV heads of model.preset llama-3.1-8b, or be a multiple of them" \
+        in result.stderr
