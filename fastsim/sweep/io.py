@@ -191,7 +191,7 @@ def plan_layout(grid: Grid, answers: Sequence[plan.Answer], targets: list, max_r
     }
     if any(a.prefill_replicas is not None for a in answers):  # a prefill pool the plan sized
         prefill = np.array([np.nan if a.prefill_replicas is None else a.prefill_replicas for a in answers])
-        data = {"replicas": data.pop("replicas"), "prefill_replicas": (axes, prefill.reshape(grid.shape), {
+        data = {"replicas": data.pop("replicas"), "prefill_pool": (axes, prefill.reshape(grid.shape), {
             "units": "replicas", "long_name": "prefill replicas the plan chose (fleet.prefill_replicas: auto)"}),
             **data}
     attrs = {**base.attrs, "kind": "plan", "targets": "; ".join(str(t) for t in targets), "max_replicas": max_replicas,

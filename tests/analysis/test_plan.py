@@ -3,6 +3,7 @@ never meet the targets or cannot run say so; the plan dataset is one compare and
 
 import json
 
+import numpy as np
 import pytest
 import xarray as xr
 from typer.testing import CliRunner
@@ -127,7 +128,7 @@ def test_a_prefill_pool_the_plan_sizes_is_the_cheapest_pair_a_direct_run_confirm
             assert attainment(e["settings"], r - 1, p) < 0.9
         assert e["binding"].startswith("decode: ") and "; prefill: " in e["binding"]
     with xr.open_dataset(tmp_path / "pd.nc") as ds:
-        assert ds.prefill_replicas.attrs["units"] == "replicas" and (ds.prefill_replicas.values >= 1).all()
+        assert ds.prefill_pool.attrs["units"] == "replicas" and (ds.prefill_pool.values >= 1).all()
 
 
 @pytest.mark.parametrize("command", ["run", "sweep", "capacity"])
@@ -135,3 +136,16 @@ def test_a_prefill_pool_left_to_the_plan_is_refused_elsewhere(tmp_path, command)
     result = invoke(command, PD, *(["--json"] if command == "run" else ["--out", tmp_path / "x.nc"]))
     assert result.exit_code == 2
     assert "fleet.prefill_replicas: auto is what fastsim plan chooses" in result.stderr, result.output
+
+
+def test_a_prefill_axis_may_mix_counts_and_auto(tmp_path):
+    """Colocated, a fixed prefill pool and one the plan sizes, side by side in one dataset."""
+    config = tmp_path / "mixed.yaml"
+    config.write_text(f"extends: {PD}\nsweep:\n  hardware.preset: [h100-sxm]\n  engine.tp: [4]\n"
+                      "  fleet.prefill_replicas: [0, 2, auto]\n")
+    result = invoke("plan", config, "--out", tmp_path / "mixed.nc")
+    assert result.exit_code == 0, result.output
+    with xr.open_dataset(tmp_path / "mixed.nc") as ds:
+        assert ds.prefill_replicas.values.tolist() == ["0", "2", "auto"]
+        pool = ds.prefill_pool.values.ravel()
+        assert np.isnan(pool[:2]).all() and pool[2] >= 1  # only the sized pool has a chosen size
