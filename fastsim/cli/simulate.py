@@ -119,7 +119,7 @@ def bench(
 @command
 def presets() -> None:
     """List the hardware and model presets with the values they fill."""
-    from ..api import DATASHEETS, HARDWARE, MODELS, PRICE_SOURCES
+    from ..api import DATASHEETS, HARDWARE, MODEL_SHAPES, MODELS, PRICE_SOURCES
 
     hw_fields = ["peak_tflops", "mem_bandwidth_tb_s", "mem_gb", "link_gb_s", "link_latency_us", "usd_per_gpu_hour"]
     print_table(
@@ -138,10 +138,12 @@ def presets() -> None:
     out.print()
     model_fields = ["weight_gb", "kv_bytes_per_token", "params_b", "n_layers", "attn_dim", "hidden", "kv_heads"]
     print_table(
-        "model.preset (BF16 weights; params_b: active per token; kv_heads: what engine.tp divides or is a "
-        "multiple of)",
-        ["preset", *model_fields],
-        [[name, *(f"{values[f]:g}" for f in model_fields)] for name, values in MODELS.items()],
+        "model.preset (BF16 weights; total and active (params_b) parameters, billions; kv_heads: what engine.tp "
+        "divides or is a multiple of)",
+        ["preset", "architecture", "total_b", *model_fields],
+        [[name, MODEL_SHAPES[name].architecture, f"{MODEL_SHAPES[name].total_params_b:g}",
+          *(f"{values[f]:g}" for f in model_fields)] for name, values in MODELS.items()],
+        left=2,
     )
 
 

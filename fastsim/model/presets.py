@@ -109,6 +109,7 @@ class ModelShape:
     heads: int
     kv_heads: int
     head_dim: int
+    architecture: str = "LlamaForCausalLM"  # config.json's architectures[0]
 
     def fields(self) -> dict[str, float]:
         """The ``model:`` config fields this shape fills."""
@@ -129,10 +130,10 @@ MODEL_SHAPES: dict[str, ModelShape] = {
     "llama-2-7b": ModelShape(6.74, 6.74, 32, 4096, 32, 32, 128),
     "llama-2-70b": ModelShape(68.98, 68.98, 80, 8192, 64, 8, 128),
     "codellama-34b": ModelShape(33.74, 33.74, 48, 8192, 64, 8, 128),
-    "qwen2.5-7b": ModelShape(7.62, 7.62, 28, 3584, 28, 4, 128),
-    "mistral-7b": ModelShape(7.24, 7.24, 32, 4096, 32, 8, 128),
+    "qwen2.5-7b": ModelShape(7.62, 7.62, 28, 3584, 28, 4, 128, "Qwen2ForCausalLM"),
+    "mistral-7b": ModelShape(7.24, 7.24, 32, 4096, 32, 8, 128, "MistralForCausalLM"),
     # 8 experts, 2 active per token: 12.9 B of 46.7 B parameters work on each token
-    "mixtral-8x7b": ModelShape(12.9, 46.7, 32, 4096, 32, 8, 128),
+    "mixtral-8x7b": ModelShape(12.9, 46.7, 32, 4096, 32, 8, 128, "MixtralForCausalLM"),
 }
 
 MODELS: dict[str, dict[str, float]] = {name: shape.fields() for name, shape in MODEL_SHAPES.items()}
