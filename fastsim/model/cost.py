@@ -91,13 +91,11 @@ def replicated(config: Config) -> bool:
 
 
 def kv_bytes_per_gpu(config: Config) -> float:
-    """KV bytes per token one GPU of the tensor-parallel group holds: the KV heads are split over
-    the tp GPUs, ceil(kv_heads / tp) on each (a whole head when tp exceeds them); without
-    ``model.kv_heads``, an even split."""
-    m, tp = config.model, config.engine.tp
-    if not replicated(config):
-        return m.kv_bytes_per_token / tp
-    return m.kv_bytes_per_token * math.ceil(m.kv_heads / tp) / m.kv_heads
+    """KV bytes per token one GPU of the tensor-parallel group holds: the KV heads split over the
+    tp GPUs (without ``model.kv_heads``, the bytes split evenly), or one whole head each when tp
+    exceeds them (ceil(kv_heads / tp) is then 1)."""
+    m = config.model
+    return m.kv_bytes_per_token / m.kv_heads if replicated(config) else m.kv_bytes_per_token / config.engine.tp
 
 
 def kv_capacity_gb(config: Config) -> float | None:
