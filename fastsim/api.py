@@ -33,7 +33,8 @@ from .analysis.plot import figure as plot  # noqa: F401
 from .bench import BenchCheckFailed, bench, cold_start, sweep_overhead, traffic_costs  # noqa: F401
 from .model.keys import config_keys, default_text, reference_markdown  # noqa: F401
 from .model.loading import parse_override  # noqa: F401
-from .model.presets import DATASHEETS, HARDWARE, MODEL_SHAPES, MODELS, PRICE_SOURCES  # noqa: F401
+from .model.hf_config import Approximation, read as model_shape  # noqa: F401
+from .model.presets import DATASHEETS, HARDWARE, MODELS, PRICE_SOURCES  # noqa: F401
 from .model.schema import LARGEST_POOL  # noqa: F401
 from .sweep.checkpoint import ResumeWarning  # noqa: F401
 from .sweep.memory import parse_size  # noqa: F401

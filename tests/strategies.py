@@ -44,22 +44,35 @@ def oracle_engine(c: Config, prefill: bool = False) -> oracle_serving.Engine:
             hw = Hardware.model_validate({"preset": f.prefill_hardware})
         e = e.model_copy(update={"tp": f.prefill_tp or e.tp,
                                  "max_batched_tokens": f.prefill_max_batched_tokens or e.max_batched_tokens})
-    bw = hw.mem_bandwidth_tb_s * 1e12 * cal.bandwidth_efficiency * e.tp
     overhead = cal.step_overhead_ms / 1e3 + (cal.layer_overhead_us * 1e-6 * m.n_layers if m.n_layers else 0.0)
     # KV heads split over the tp GPUs, each GPU holding ceil(kv_heads / tp) of them (replicated when
-    # tp exceeds them); without kv_heads, an even split
-    replicated = m.kv_heads is not None and e.tp > m.kv_heads
-    kv_gpu = m.kv_bytes_per_token * math.ceil(m.kv_heads / e.tp) / m.kv_heads if replicated else None
-    kv_read = kv_gpu / (bw / e.tp) if replicated else m.kv_bytes_per_token / bw
-    k = [overhead, m.weight_gb * 1e9 / bw, kv_read, 0.0, 0.0, 0.0, 0.0]
-    if hw.peak_tflops is not None and m.params_b is not None:
-        flops = hw.peak_tflops * 1e12 * cal.compute_efficiency * e.tp
-        k[3] = 2e9 * m.params_b / flops
-        if m.n_layers is not None and m.attn_dim is not None:
-            k[4] = 4 * m.n_layers * m.attn_dim / flops
+    # tp exceeds them); MLA's latent whole on every GPU; without kv_heads, an even split
+    mla = m.kv_lora_rank > 0
+    replicated = e.tp > 1 and (mla or m.kv_heads is not None and e.tp > m.kv_heads)
+    kv_gpu = (m.kv_bytes_per_token if mla else m.kv_bytes_per_token * math.ceil(m.kv_heads / e.tp) / m.kv_heads
+              if replicated else m.kv_bytes_per_token / e.tp)
+    peak = {"bf16": hw.peak_tflops, "fp8": hw.peak_tflops_fp8, "fp4": hw.peak_tflops_fp4}[m.dtype] or hw.peak_tflops
+    free = hw.peak_tflops is None or m.params_b is None
+    comm_fixed = comm_token = 0.0
     if e.tp > 1:
-        k[5] = 2 * m.n_layers * hw.link_latency_us * 1e-6
-        k[6] = 2 * m.n_layers * 2 * (e.tp - 1) / e.tp * m.hidden * 2 / (hw.link_gb_s * 1e9)
+        all_reduce = 2 * (e.tp - 1) / e.tp * m.hidden * 2 / (hw.link_gb_s * 1e9)
+        if e.expert_parallel:  # each MoE layer: one all-reduce, a dispatch and a combine
+            dispatch = (e.tp - 1) / e.tp * m.experts_per_token * m.hidden * 2 / (hw.link_gb_s * 1e9)
+            comm_fixed = (2 * m.n_layers + m.moe_layers) * hw.link_latency_us * 1e-6
+            comm_token = (2 * m.n_layers - m.moe_layers) * all_reduce + m.moe_layers * 2 * dispatch
+        else:
+            comm_fixed = 2 * m.n_layers * hw.link_latency_us * 1e-6
+            comm_token = 2 * m.n_layers * all_reduce
+    cost = oracle_serving.StepCost(
+        overhead_s=overhead, weight_bytes=m.weight_gb * 1e9,
+        expert_bytes=m.moe_layers * m.experts * m.expert_gb * 1e9 if m.experts else 0.0,
+        k_over_e=m.experts_per_token / m.experts if m.experts else 0.0, kv_gpu=kv_gpu, tp=e.tp,
+        gpu_bytes_s=hw.mem_bandwidth_tb_s * 1e12 * cal.bandwidth_efficiency,
+        params_b=None if free else m.params_b,
+        dtype_flops=None if free else peak * 1e12 * cal.compute_efficiency,
+        bf16_flops=None if free else hw.peak_tflops * 1e12 * cal.compute_efficiency,
+        n_layers=m.n_layers or 0, attn_dim=m.attn_dim or 0, hidden=m.hidden or 0, vocab=m.vocab,
+        comm_fixed_s=comm_fixed, comm_s_per_token=comm_token)
     gb = e.kv_cache_gb if e.kv_cache_gb is not None else (
         None if hw.mem_gb is None else e.tp * (hw.mem_gb * e.gpu_memory_utilization - e.reserved_gb) - m.weight_gb)
     blocks = None if gb is None else math.floor(gb * 1e9 / (e.block_tokens * m.kv_bytes_per_token))
@@ -72,7 +85,7 @@ def oracle_engine(c: Config, prefill: bool = False) -> oracle_serving.Engine:
         budget=math.inf if e.max_batched_tokens is None else e.max_batched_tokens, blocks=blocks,
         block_tokens=e.block_tokens, alloc=e.kv_alloc,
         prefix_blocks=0 if f.prefill_replicas and not prefill else w.prefix_tokens // e.block_tokens,
-        max_output=1 if prefill else (w.output.value if w.output.dist == "fixed" else w.output.max), k=tuple(k),
+        max_output=1 if prefill else (w.output.value if w.output.dist == "fixed" else w.output.max), cost=cost,
         api_s=cal.api_overhead_ms / 1000,
     )
 
@@ -114,7 +127,19 @@ def serving_configs(draw) -> Config:
         "calibration.api_overhead_ms": draw(st.sampled_from([0.0, 0.0, 20.0])),
         "calibration.compute_efficiency": draw(st.sampled_from([1.0, 0.5])),
         "calibration.bandwidth_efficiency": draw(st.sampled_from([1.0, 0.8])),
+        # models as deployed: the LM head per sampled token, precisions and their peaks, MLA
+        "model.vocab": draw(st.sampled_from([None, None, 32000, 151936])),
+        "model.dtype": draw(st.sampled_from(["bf16", "fp8", "fp4"])),
+        "hardware.peak_tflops_fp8": draw(st.sampled_from([None, 1979.0])),
+        "hardware.peak_tflops_fp4": draw(st.sampled_from([None, 9000.0])),
+        "model.kv_lora_rank": draw(st.sampled_from([0, 0, 0, 512])),
     }
+    if draw(st.booleans()):  # a mixture of experts: E routed, k picked, in some layers, maybe spread over tp
+        experts = draw(st.sampled_from([2, 8, 128]))
+        moe_layers = draw(st.integers(1, 32))
+        v.update({"model.experts": experts, "model.experts_per_token": draw(st.integers(1, min(experts, 8))),
+                  "model.moe_layers": moe_layers, "engine.expert_parallel": draw(st.booleans()),
+                  "model.expert_gb": 15.008 * draw(st.sampled_from([0.3, 0.9])) / (moe_layers * experts)})
     if v["workload.rng"] == "numpy":  # prompts from a distribution, other arrival processes
         v["workload.arrival"] = draw(st.sampled_from(["poisson", "gamma", "constant"]))
         v["workload.burstiness"] = draw(st.sampled_from([0.2, 1.0, 5.0]))
@@ -130,6 +155,7 @@ def serving_configs(draw) -> Config:
         tokens = draw(st.integers(prompt + o_max, 3 * (prompt + o_max)))
         tp, heads = v["engine.tp"], v["model.kv_heads"]
         spread = tp * math.ceil(heads / tp) / heads if heads and tp > heads else 1  # replicated KV takes more
+        spread = tp if v["model.kv_lora_rank"] else spread  # MLA: the whole latent on every GPU
         v["engine.kv_cache_gb"] = math.ceil(tokens / bt) * bt * 131072 * spread / 1e9 * (1 + 1e-12)
     if draw(st.booleans()):
         shortest = v.get("workload.prompt.min", prompt) if v.get("workload.prompt.dist", "fixed") != "fixed" else prompt

@@ -78,6 +78,22 @@ FILES: dict[str, bytes | str] = {
     "measured_short_row.csv": "workload.rate,ttft_mean_s\n8\n",
     "measured_bad_rate.csv": "workload.rate,ttft_mean_s\n-8,0.05\n",
     "notjson.json": "{not json",
+    # model config.json files (model.config_json)
+    "hf_notjson.json": '{"architectures": ["LlamaForCausalLM"], ',
+    "hf_list.json": "[1, 2]",
+    "hf_no_arch.json": '{"hidden_size": 4096}',
+    "hf_hybrid.json": '{"architectures": ["FalconH1ForCausalLM"], "hidden_size": 4096}',
+    "hf_missing.json": '{"architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "num_attention_heads": 32, '
+                       '"intermediate_size": 11008, "vocab_size": 32000}',
+    "hf_moe_missing.json": '{"architectures": ["MixtralForCausalLM"], "hidden_size": 4096, "num_attention_heads": 32, '
+                           '"num_hidden_layers": 32, "intermediate_size": 14336, "vocab_size": 32000, '
+                           '"num_local_experts": 8}',
+    "hf_text_field.json": '{"architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "num_attention_heads": 32, '
+                          '"num_hidden_layers": "32", "intermediate_size": 11008, "vocab_size": 32000}',
+    "hf_awq.json": '{"architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "num_attention_heads": 32, '
+                   '"num_hidden_layers": 32, "intermediate_size": 11008, "vocab_size": 32000, '
+                   '"quantization_config": {"quant_method": "awq", "bits": 4}}',
+    "both_models.yaml": "model:\n  preset: llama-3.1-8b\n  config_json: hf_missing.json\n",
     "binary.json": bytes(range(256)) * 4,
     "list.json": "[1, 2]",
 }
@@ -125,6 +141,29 @@ CASES: list[tuple[str, list[str], str, bool]] = []
 def case(id: str, args: list[str], names: str = "", may_run: bool = False) -> None:
     CASES.append((id, args, names, may_run))
 
+
+# --- models as deployed: config.json imports, precisions, experts
+for name, names in [("hf_notjson.json", "not JSON"), ("hf_list.json", "JSON object"),
+                    ("hf_no_arch.json", "architectures"), ("hf_hybrid.json", "FalconH1ForCausalLM"),
+                    ("hf_missing.json", "num_hidden_layers"), ("hf_moe_missing.json", "num_experts_per_tok"),
+                    ("hf_text_field.json", "num_hidden_layers"), ("hf_awq.json", "awq"),
+                    ("nowhere.json", "no such file")]:
+    case(f"model-config-json-{name}", ["run", H100, "--set", "model.config_json={%s}" % name, *SMALL],
+         "model.config_json: " if name in ("hf_list.json", "nowhere.json") else names)
+case("model-both-preset-and-config-json", ["run", "{both_models.yaml}"], "model.preset")
+for key, value, names in [
+    ("model.dtype", "fp6", "model.dtype"), ("model.kv_dtype", "fp4", "model.kv_dtype"),
+    ("model.preset", "qwen4-1t", "qwen4-1t"), ("model.experts_per_token", "9", "model.experts_per_token"),
+    ("model.moe_layers", "99", "model.moe_layers"), ("model.expert_gb", "5", "model.expert_gb"),
+    ("engine.expert_parallel", "true", "engine.expert_parallel"), ("engine.tp", "3", "engine.tp"),
+    ("model.vocab", "32000", "model.vocab")]:
+    preset = [] if key in ("engine.expert_parallel", "model.vocab") else ["--set", "model.preset=mixtral-8x7b"]
+    unset = ["--set", "model.preset=null", "--set", "model.hidden=null"] if key == "model.vocab" else []
+    case(f"model-{key}-{value}", ["run", H100, *preset, *unset, "--set", f"{key}={value}", *SMALL], names)
+case("model-fp4-does-not-fit", ["run", H100, "--set", "model.preset=deepseek-v3", "--set", "model.dtype=fp4",
+                                "--set", "hardware.preset=l4", *SMALL], "model.weight_gb")
+case("model-tp-kv-heads-import", ["run", H100, "--set", "model.preset=qwen3-30b-a3b", "--set", "engine.tp=3",
+                                  *SMALL], "engine.tp")
 
 # --- config files
 for name in ["binary.yaml", "utf16.yaml", "latin1.yaml", "extends_utf16.yaml", "extends_binary.yaml",

@@ -64,7 +64,7 @@ def test_plan_is_compact_by_default_and_groups_reasons(plan_file, width, root):
     _fits(text, width)
     headings = [line for line in text.splitlines() if line[:1].isdigit() and ". GPU " in line]
     assert [h.split(",")[0].split(". ")[1] for h in headings] == ["GPU b200", "GPU h100-sxm"]  # one per GPU
-    assert "2 candidates cannot run (ranks 11-12): model.weight_gb (141.1) does not fit" in text
+    assert "2 candidates cannot run (ranks 11-12): model.weight_gb (141.107) does not fit" in text
     assert text.count("does not fit") == 1
     assert "2 of 10 candidates shown, the best per GPU; --all lists every one" in text
     every = invoke("plan", root / "configs/llama70b-gpus.yaml", "--out", plan_file, "--resume", "--quiet", "--all",

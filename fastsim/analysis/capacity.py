@@ -94,9 +94,13 @@ def search(config: Config, targets: list[Target], stop: threading.Event | None =
             bad = mid
         else:
             good = mid
-    short = round_down(good)  # a rate a planner can type, if it holds too (it was simulated)
-    if short < good and not fails(short):
-        good = short
+    for digits in range(DIGITS, DIGITS + 6):  # a rate a planner can type, the shortest that holds too
+        short = round_down(good, digits)  # (load is not monotone to the last digit: each is simulated)
+        if short == good:
+            break
+        if not fails(short):
+            good = short
+            break
     return Answer(good, "found", str(fails(bad)[0]), measure(good), runs)
 
 

@@ -36,8 +36,8 @@ NONE = np.empty(0, np.int64)  # no stretches: every run whole
 @inline
 def _duration(k, runs, r, j):
     """Duration of step ``j`` of run ``r`` (the same operations as the kernel's)."""
-    n_tokens, kv_tokens, pairs = run_step(runs, r, j)
-    return step_time(k, n_tokens, kv_tokens, pairs)
+    n_tokens, kv_tokens, pairs, sampled = run_step(runs, r, j)
+    return step_time(k, n_tokens, kv_tokens, pairs, sampled)
 
 
 @inline

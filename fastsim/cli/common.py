@@ -26,7 +26,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from ..api import METRICS, Config, ConfigError, ResumeWarning, checkpoint_path, load_config, parse_override, parse_size
+from ..api import METRICS, Approximation, Config, ConfigError, ResumeWarning, checkpoint_path, load_config, parse_override, parse_size
 
 
 class _OneLineErrors(typer.core.TyperGroup):
@@ -68,6 +68,8 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     """fastsim's own warnings (a damaged checkpoint's records rerun) as one line on stderr."""
     if issubclass(category, ResumeWarning):
         err.print(f"warning: {message}")
+    elif issubclass(category, Approximation):
+        err.print(f"notice: {message}")
     else:
         _python_show_warning(message, category, filename, lineno, file, line)
 

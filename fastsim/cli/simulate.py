@@ -6,6 +6,7 @@ import json
 import math
 import os
 import time
+import warnings
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -119,15 +120,17 @@ def bench(
 @command
 def presets() -> None:
     """List the hardware and model presets with the values they fill."""
-    from ..api import DATASHEETS, HARDWARE, MODEL_SHAPES, MODELS, PRICE_SOURCES
+    from ..api import DATASHEETS, HARDWARE, MODELS, PRICE_SOURCES, Approximation, model_shape
 
-    hw_fields = ["peak_tflops", "mem_bandwidth_tb_s", "mem_gb", "link_gb_s", "link_latency_us", "usd_per_gpu_hour"]
+    def num(v: float | None) -> str:
+        return "n/a" if v is None else f"{v:g}"
+
     print_table(
-        "hardware.preset (dense BF16 TFLOP/s, HBM TB/s, GB, link GB/s per direction, all-reduce latency us, "
-        "on-demand USD per GPU-hour)",
-        ["preset", *hw_fields],
-        [[name, *("n/a" if values[f] is None else f"{values[f]:g}" for f in hw_fields)]
-         for name, values in HARDWARE.items()],
+        "hardware.preset (dense TFLOP/s by precision, HBM TB/s, GB, link GB/s per direction, on-demand USD per "
+        "GPU-hour)",
+        ["preset", "bf16", "fp8", "fp4", "TB/s", "GB", "link", "usd/h"],
+        [[name, *(num(v[f]) for f in ("peak_tflops", "peak_tflops_fp8", "peak_tflops_fp4", "mem_bandwidth_tb_s",
+                                        "mem_gb", "link_gb_s", "usd_per_gpu_hour"))] for name, v in HARDWARE.items()],
     )
     out.print("datasheets:")
     for name, source in DATASHEETS.items():
@@ -136,13 +139,20 @@ def presets() -> None:
     for name, source in PRICE_SOURCES.items():
         out.print(f"  {name}: {source}", soft_wrap=True)
     out.print()
-    model_fields = ["weight_gb", "kv_bytes_per_token", "params_b", "n_layers", "attn_dim", "hidden", "kv_heads"]
+    rows = []
+    for name, path in MODELS.items():
+        with warnings.catch_warnings():  # a listing imports every model: its notices are for a run
+            warnings.simplefilter("ignore", Approximation)
+            shape = model_shape(path)
+        kv = shape.fields()["kv_bytes_per_token"]
+        moe = f"{shape.experts_per_token}/{shape.experts}" if shape.experts else "-"
+        rows.append([name, shape.family, f"{shape.total / 1e9:.1f}", f"{shape.active_with_head / 1e9:.1f}", moe,
+                     shape.dtype, f"{kv:,.0f}"])
     print_table(
-        "model.preset (BF16 weights; total and active (params_b) parameters, billions; kv_heads: what engine.tp "
-        "divides or is a multiple of)",
-        ["preset", "architecture", "total_b", *model_fields],
-        [[name, MODEL_SHAPES[name].architecture, f"{MODEL_SHAPES[name].total_params_b:g}",
-          *(f"{values[f]:g}" for f in model_fields)] for name, values in MODELS.items()],
+        "model.preset (parameters in billions: stored, and active per token with the LM head; experts: picked of "
+        "routed; KV cache bytes per token at the preset's KV dtype)",
+        ["preset", "architecture", "total", "active", "experts", "dtype", "kv_bytes"],
+        rows,
         left=2,
     )
 

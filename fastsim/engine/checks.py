@@ -67,9 +67,13 @@ def _engine_runs(config: Config, output_max: int, prefill: bool = False) -> None
             f"{pool}{key('engine.max_batched_tokens')} ({e.max_batched_tokens}) must be at least the running limit, "
             f"min(engine.max_batch, engine.max_concurrent) ({e.limit}), as in vLLM"
         )
+    if e.expert_parallel and not m.experts:
+        raise ConfigError(f"{pool}engine.expert_parallel needs a mixture of experts (model.experts is 0"
+                          f"{f' for model.preset {m.preset}' if m.preset else ''})")
     if e.tp > 1:
-        if m.kv_heads is not None and m.kv_heads % e.tp and e.tp % m.kv_heads:
-            of = f"model.preset {m.preset}" if m.preset else "the model (model.kv_heads)"
+        if m.kv_heads is not None and not m.kv_lora_rank and m.kv_heads % e.tp and e.tp % m.kv_heads:
+            of = (f"model.preset {m.preset}" if m.preset else f"model.config_json {m.config_json}" if m.config_json
+                  else "the model (model.kv_heads)")
             raise ConfigError(f"{key('engine.tp')} ({e.tp}) must divide the {m.kv_heads} KV heads of {of}, or be a "
                               f"multiple of them (each GPU then holds a copy of one)")
         missing = [k for k, v in ((key("hardware.link_gb_s"), hw.link_gb_s), ("model.n_layers", m.n_layers),
@@ -96,7 +100,7 @@ def _steps_are_finite(config: Config, tokens: int, key: Callable[[str], str]) ->
     ``tokens`` tokens (the longest request) taking more than a year."""
     k = coefficients(config)
     with np.errstate(over="ignore", invalid="ignore"):
-        terms = k * np.array([1, 1, tokens, tokens, float(tokens) ** 2, 1, tokens])
+        terms = k * np.array([1, 1, tokens, tokens, float(tokens) ** 2, 1, tokens, tokens, 0, 0])
     worst = int(np.argmax(np.where(np.isfinite(terms), terms, np.inf)))
     if not terms[worst] <= YEAR_S:
         names = ", ".join(key(n) for n in COEFFICIENT_KEYS[worst].split(", "))

@@ -24,7 +24,7 @@ from ..model import fleet as pools
 from ..model.routers import ROUTERS
 from ..model.schema import Config
 from . import link, router
-from .kernels import RUNS_PER_REQUEST, Counters, Outcome, Plan, Scratch, longest_output, outcome, run_engine, with_api
+from .kernels import FULL_COLUMNS, RUNS_PER_REQUEST, Counters, Outcome, Plan, Scratch, longest_output, outcome, run_engine, with_api
 from .kernels import run as run_one
 from .kernels.continuous import WORK_ROWS, continuous
 from .traffic import Traffic, routes
@@ -52,7 +52,7 @@ def _pool(p: Plan, name: str, replicas: int, arrival: np.ndarray, prompt: np.nda
     how = ROUTERS[name]
     n = arrival.size
     if n == 0:  # every output was one token: the decode pool has nothing to do
-        return Outcome(np.empty(0), np.empty(0), 0, 0, 0, 0, 0, 0, float("nan"), np.empty((0, 4), np.int64),
+        return Outcome(np.empty(0), np.empty(0), 0, 0, 0, 0, 0, 0, float("nan"), np.empty((0, FULL_COLUMNS), np.int64),
                        np.empty(0), p.k, np.empty(0, np.int32))
     if not how.load_aware:
         where = router.assign(name, replicas, draws)

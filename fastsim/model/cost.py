@@ -2,18 +2,22 @@
 
 Step time over the rows a step schedules (row i has ``c_i`` tokens computed before the step and
 gets ``n_i`` more): N = sum n_i tokens computed, C = sum (c_i + n_i) KV tokens read,
-A = sum n_i (2 c_i + n_i + 1) / 2 query-key pairs of attention, and
+A = sum n_i (2 c_i + n_i + 1) / 2 query-key pairs of attention, S the rows that emit a token, and
 
-    step = overhead + max(t_weights + t_kv C,  t_token N + t_pair A) + (t_link + t_link_token N)
+    step = overhead + max(t_weights - t_experts q^N + t_kv C,  t_token N + t_pair A + t_sample S)
+           + (t_link + t_link_token N)
 
 where the overhead is ``calibration.step_overhead_ms`` plus ``calibration.layer_overhead_us`` per
 layer (the fixed latencies of each layer's kernels, the same on every tensor-parallel GPU),
 
-the roofline of memory (weights and KV read) against compute (2 FLOPs per parameter per token,
-4 attn_dim FLOPs per query-key pair per layer), plus two all-reduces per layer under tensor
-parallelism. The coefficients are folded once per run (:func:`coefficients`); the lesson's
-model is every coefficient zero but the first two, and then a step costs exactly
-``t_weights + t_kv C``, the same floating-point operations as the lesson.
+the roofline of memory (weights and KV read; of a mixture of experts' routed experts, the share
+q^N = (1 - k/E)^N that no token of the step picks is not read) against compute (2 FLOPs per
+parameter per token at the dtype's peak, 4 attn_dim FLOPs per query-key pair per layer, and the
+LM head's 2 hidden vocab FLOPs per sampled row), plus two all-reduces per layer under tensor
+parallelism (expert parallelism: a MoE layer's second becomes a dispatch and a combine). The
+coefficients are folded once per run (:func:`coefficients`); the lesson's model is every
+coefficient zero but the first two, and then a step costs exactly ``t_weights + t_kv C``, the
+same floating-point operations as the lesson.
 """
 
 from __future__ import annotations
@@ -27,27 +31,49 @@ from .fields import LARGEST, ConfigError
 from .schema import Config
 
 # Indices into the coefficient vector a kernel gets.
-OVERHEAD, T_WEIGHTS, T_KV, T_TOKEN, T_PAIR, T_LINK, T_LINK_TOKEN = range(7)
+(OVERHEAD, T_WEIGHTS, T_KV, T_TOKEN, T_PAIR, T_LINK, T_LINK_TOKEN, T_SAMPLE, T_EXPERTS,
+ UNPICKED) = range(10)
+N_COEFFICIENTS = 10
+
+
+def peak_tflops(config: Config) -> float | None:
+    """The dense peak the linear layers run at: the GPU's peak for the model's dtype, or its bf16
+    peak where it has none for that dtype (weights dequantised, as vLLM's weight-only kernels)."""
+    hw = config.hardware
+    own = {"fp8": hw.peak_tflops_fp8, "fp4": hw.peak_tflops_fp4}.get(config.model.dtype)
+    return own if own is not None and hw.peak_tflops is not None else hw.peak_tflops
 
 
 def coefficients(config: Config) -> np.ndarray:
-    """The step-time coefficients of ``config`` (seconds, per token or per pair), float64 (7,)."""
+    """The step-time coefficients of ``config`` (seconds, per token, pair or sampled row; the
+    expected unread experts' share), float64 (N_COEFFICIENTS,)."""
     hw, m, e, cal = config.hardware, config.model, config.engine, config.calibration
     bandwidth = hw.mem_bandwidth_tb_s * 1e12 * cal.bandwidth_efficiency * e.tp  # bytes/s, all GPUs
-    k = np.zeros(7)
+    k = np.zeros(N_COEFFICIENTS)
     # a fixed time per step, and per layer of it (kernel latencies: every GPU runs each layer)
     k[OVERHEAD] = cal.step_overhead_ms / 1e3 + cal.layer_overhead_us * 1e-6 * (m.n_layers or 0)
     k[T_WEIGHTS] = m.weight_gb * 1e9 / bandwidth
+    if m.experts:  # routed experts no token of a step picks are not read: (1 - k/E)^N of them
+        k[T_EXPERTS] = m.moe_layers * m.experts * m.expert_gb * 1e9 / bandwidth
+        k[UNPICKED] = 1 - m.experts_per_token / m.experts
     # each GPU reads the KV of the heads it holds (:func:`kv_bytes_per_gpu`)
     k[T_KV] = m.kv_bytes_per_token / bandwidth if not replicated(config) else kv_bytes_per_gpu(config) / (bandwidth / e.tp)
     if hw.peak_tflops is not None and m.params_b is not None:
-        flops = hw.peak_tflops * 1e12 * cal.compute_efficiency * e.tp  # FLOP/s, all GPUs
-        k[T_TOKEN] = 2e9 * m.params_b / flops
+        flops = hw.peak_tflops * 1e12 * cal.compute_efficiency * e.tp  # FLOP/s, all GPUs, bf16
+        k[T_TOKEN] = 2e9 * m.params_b / (peak_tflops(config) * 1e12 * cal.compute_efficiency * e.tp)
         if m.n_layers is not None and m.attn_dim is not None:
             k[T_PAIR] = 4 * m.n_layers * m.attn_dim / flops
-    if e.tp > 1:  # two all-reduces per layer of N x hidden BF16 values (ring: 2 (tp-1)/tp of it moves)
-        k[T_LINK] = 2 * m.n_layers * hw.link_latency_us * 1e-6
-        k[T_LINK_TOKEN] = 2 * m.n_layers * 2 * (e.tp - 1) / e.tp * m.hidden * 2 / (hw.link_gb_s * 1e9)
+        if m.vocab is not None:  # the LM head, where a token is sampled
+            k[T_SAMPLE] = 2 * m.hidden * m.vocab / flops
+    if e.tp > 1:  # per layer two all-reduces of N x hidden BF16 values (ring: 2 (tp-1)/tp of it moves)
+        per_value = m.hidden * 2 / (hw.link_gb_s * 1e9)
+        if e.expert_parallel:  # a MoE layer's MLP all-reduce becomes a dispatch and a combine of k copies
+            k[T_LINK] = (2 * m.n_layers + m.moe_layers) * hw.link_latency_us * 1e-6
+            k[T_LINK_TOKEN] = ((2 * m.n_layers - m.moe_layers) * 2 * (e.tp - 1) / e.tp * per_value
+                               + m.moe_layers * 2 * (e.tp - 1) / e.tp * m.experts_per_token * per_value)
+        else:
+            k[T_LINK] = 2 * m.n_layers * hw.link_latency_us * 1e-6
+            k[T_LINK_TOKEN] = 2 * m.n_layers * 2 * (e.tp - 1) / e.tp * m.hidden * 2 / (hw.link_gb_s * 1e9)
     return k
 
 
@@ -60,14 +86,20 @@ COEFFICIENT_KEYS = {
     T_PAIR: "model.n_layers, model.attn_dim, hardware.peak_tflops",
     T_LINK: "hardware.link_latency_us",
     T_LINK_TOKEN: "model.hidden, hardware.link_gb_s",
+    T_SAMPLE: "model.vocab, model.hidden, hardware.peak_tflops",
+    T_EXPERTS: "model.expert_gb, model.experts, hardware.mem_bandwidth_tb_s",
+    UNPICKED: "model.experts_per_token, model.experts",
 }
 
 
 @inline
-def step_time(k, n_tokens, kv_tokens, pairs):
-    """Seconds one step takes (see the module docstring); ``k`` from :func:`coefficients`."""
+def step_time(k, n_tokens, kv_tokens, pairs, sampled):
+    """Seconds one step takes (see the module docstring); ``k`` from :func:`coefficients`;
+    ``sampled``: the rows that emit a token (the LM head runs on them)."""
     memory = k[1] + k[2] * kv_tokens
-    compute = k[3] * n_tokens + k[4] * pairs
+    if k[8] != 0.0:  # a mixture of experts: the routed experts no token picks are not read
+        memory -= k[8] * k[9] ** n_tokens
+    compute = k[3] * n_tokens + k[4] * pairs + k[7] * sampled
     return k[0] + max(memory, compute) + (k[5] + k[6] * n_tokens)
 
 
@@ -76,7 +108,7 @@ def is_lesson(config: Config, k: np.ndarray | None = None) -> bool:
     ``k``: the config's coefficients, when already folded."""
     k = coefficients(config) if k is None else k
     return (
-        not k[[OVERHEAD, T_TOKEN, T_PAIR, T_LINK, T_LINK_TOKEN]].any()
+        not k[[OVERHEAD, T_TOKEN, T_PAIR, T_LINK, T_LINK_TOKEN, T_SAMPLE, T_EXPERTS]].any()
         and kv_blocks(config) is None
         and config.engine.max_batched_tokens is None
         and config.workload.prefix_tokens == 0
@@ -85,16 +117,20 @@ def is_lesson(config: Config, k: np.ndarray | None = None) -> bool:
 
 
 def replicated(config: Config) -> bool:
-    """True when tensor parallelism spans more GPUs than the model has KV heads: each GPU then
-    holds a whole head (vLLM replicates them)."""
-    return config.model.kv_heads is not None and config.engine.tp > config.model.kv_heads
+    """True when the KV cache is not split evenly over the tensor-parallel GPUs: tp spans more
+    GPUs than the model has KV heads (each GPU then holds a whole head: vLLM replicates them),
+    or the model's attention is latent (MLA: every GPU holds the whole latent)."""
+    m, tp = config.model, config.engine.tp
+    return tp > 1 and (m.kv_lora_rank > 0 or m.kv_heads is not None and tp > m.kv_heads)
 
 
 def kv_bytes_per_gpu(config: Config) -> float:
     """KV bytes per token one GPU of the tensor-parallel group holds: the KV heads split over the
     tp GPUs (without ``model.kv_heads``, the bytes split evenly), or one whole head each when tp
-    exceeds them (ceil(kv_heads / tp) is then 1)."""
+    exceeds them (ceil(kv_heads / tp) is then 1), or MLA's whole latent."""
     m = config.model
+    if m.kv_lora_rank > 0:
+        return m.kv_bytes_per_token
     return m.kv_bytes_per_token / m.kv_heads if replicated(config) else m.kv_bytes_per_token / config.engine.tp
 
 

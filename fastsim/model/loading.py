@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from .schema import Config, ConfigError, set_dotted, validate
+from .schema import SAME_THING, Config, ConfigError, set_dotted, validate
 
 
 class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # libyaml's parser when present
@@ -78,7 +78,7 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
     raw = {} if raw is None else raw
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping of sections, got {type(raw).__name__}")
-    _traces_relative_to(path, raw)
+    _paths_relative_to(path, raw)
     parent = raw.pop("extends", None)
     if parent is None:
         return raw
@@ -99,24 +99,34 @@ def not_utf8(path: Path | str, exc: UnicodeDecodeError) -> str:
     return f"{path}: not a UTF-8 text file ({what})"
 
 
-def _traces_relative_to(path: Path, raw: dict) -> None:
-    """Make the trace paths ``raw`` (the YAML of ``path``) names absolute, as relative to ``path``:
-    ``workload.trace``, and the values of a ``workload.trace`` sweep axis."""
-    workload, sweep = raw.get("workload"), raw.get("sweep")
-    if isinstance(workload, dict) and isinstance(workload.get("trace"), str):
-        workload["trace"] = path_relative_to(path, workload["trace"])
-    if isinstance(sweep, dict) and isinstance(sweep.get("workload.trace"), list):
-        sweep["workload.trace"] = [path_relative_to(path, t) if isinstance(t, str) else t
-                                   for t in sweep["workload.trace"]]
+PATH_KEYS = ("workload.trace", "model.config_json")
+"""Keys whose values are files, written relative to the config file that names them."""
+
+
+def _paths_relative_to(path: Path, raw: dict) -> None:
+    """Make the file paths ``raw`` (the YAML of ``path``) names absolute, as relative to ``path``:
+    the :data:`PATH_KEYS`, and the values of a sweep axis over one."""
+    sweep = raw.get("sweep")
+    for key in PATH_KEYS:
+        section, leaf = key.split(".")
+        node = raw.get(section)
+        if isinstance(node, dict) and isinstance(node.get(leaf), str):
+            node[leaf] = path_relative_to(path, node[leaf])
+        if isinstance(sweep, dict) and isinstance(sweep.get(key), list):
+            sweep[key] = [path_relative_to(path, t) if isinstance(t, str) else t for t in sweep[key]]
 
 
 def path_relative_to(config_file: Path, trace: str) -> str:
-    """A trace path as written in ``config_file``, made absolute."""
+    """A file path as written in ``config_file``, made absolute."""
     p = Path(trace).expanduser()
     return str(p if p.is_absolute() else (config_file.parent / p).resolve())
 
 
 def _merge(base: dict, over: dict) -> None:
+    if isinstance(base.get("model"), dict) and isinstance(over.get("model"), dict):
+        for key in over["model"]:  # a model named by the extending file replaces its base's
+            if key in SAME_THING:
+                base["model"].pop(SAME_THING[key], None)
     for key, value in over.items():
         if isinstance(value, dict) and isinstance(base.get(key), dict):
             _merge(base[key], value)

@@ -7,55 +7,50 @@ a typical small-message all-reduce latency (:data:`DATASHEETS`); and an on-deman
 GPU-hour (USD), from the source and date noted beside it (list prices move:
 ``hardware.usd_per_gpu_hour`` overrides it), or none where no list price was found.
 
-Models: shapes from each model's Hugging Face ``config.json``. Weights are BF16 (2 bytes per
-parameter); the KV cache holds K and V for every layer and KV head: 2 x n_layers x kv_heads x
-head_dim x 2 bytes per token; ``attn_dim`` = heads x head_dim. For a mixture of experts,
-``params_b`` counts the parameters active per token (what a token's FLOPs scale with) and
-``weight_gb`` all of them (what a step reads).
+Models: each is a Hugging Face ``config.json`` shipped in the package (:data:`MODELS`), read by
+:mod:`.hf_config` like a ``model.config_json`` a user names.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-BYTES_PER_PARAM = 2  # BF16
+from pathlib import Path
 
 HARDWARE: dict[str, dict[str, float | None]] = {
     # NVLink 4: 900 GB/s bidirectional per GPU
-    "h100-sxm": dict(peak_tflops=989.0, mem_bandwidth_tb_s=3.35, mem_gb=80.0, link_gb_s=450.0, link_latency_us=5.0,
-                     usd_per_gpu_hour=2.69),
-    "h200": dict(peak_tflops=989.0, mem_bandwidth_tb_s=4.8, mem_gb=141.0, link_gb_s=450.0, link_latency_us=5.0,
-                 usd_per_gpu_hour=3.59),
+    "h100-sxm": dict(peak_tflops=989.0, peak_tflops_fp8=1979.0, peak_tflops_fp4=None, mem_bandwidth_tb_s=3.35,
+                     mem_gb=80.0, link_gb_s=450.0, link_latency_us=5.0, usd_per_gpu_hour=2.69),
+    "h200": dict(peak_tflops=989.0, peak_tflops_fp8=1979.0, peak_tflops_fp4=None, mem_bandwidth_tb_s=4.8,
+                 mem_gb=141.0, link_gb_s=450.0, link_latency_us=5.0, usd_per_gpu_hour=3.59),
     # NVLink 3: 600 GB/s bidirectional
-    "a100-80gb": dict(peak_tflops=312.0, mem_bandwidth_tb_s=2.039, mem_gb=80.0, link_gb_s=300.0, link_latency_us=5.0,
-                      usd_per_gpu_hour=1.39),
+    "a100-80gb": dict(peak_tflops=312.0, peak_tflops_fp8=None, peak_tflops_fp4=None, mem_bandwidth_tb_s=2.039,
+                      mem_gb=80.0, link_gb_s=300.0, link_latency_us=5.0, usd_per_gpu_hour=1.39),
     # NVLink 5: 1.8 TB/s bidirectional
-    "b200": dict(peak_tflops=2250.0, mem_bandwidth_tb_s=8.0, mem_gb=180.0, link_gb_s=900.0, link_latency_us=5.0,
-                 usd_per_gpu_hour=5.98),
+    "b200": dict(peak_tflops=2250.0, peak_tflops_fp8=4500.0, peak_tflops_fp4=9000.0, mem_bandwidth_tb_s=8.0,
+                 mem_gb=180.0, link_gb_s=900.0, link_latency_us=5.0, usd_per_gpu_hour=5.98),
     # no NVLink: PCIe Gen4 x16
-    "l40s": dict(peak_tflops=362.0, mem_bandwidth_tb_s=0.864, mem_gb=48.0, link_gb_s=32.0, link_latency_us=10.0,
-                 usd_per_gpu_hour=0.79),
+    "l40s": dict(peak_tflops=362.0, peak_tflops_fp8=733.0, peak_tflops_fp4=None, mem_bandwidth_tb_s=0.864,
+                 mem_gb=48.0, link_gb_s=32.0, link_latency_us=10.0, usd_per_gpu_hour=0.79),
     # Infinity Fabric: 7 links of 64 GB/s per direction
-    "mi300x": dict(peak_tflops=1307.0, mem_bandwidth_tb_s=5.3, mem_gb=192.0, link_gb_s=448.0, link_latency_us=5.0,
-                   usd_per_gpu_hour=1.85),
+    "mi300x": dict(peak_tflops=1307.0, peak_tflops_fp8=2614.9, peak_tflops_fp4=None, mem_bandwidth_tb_s=5.3,
+                   mem_gb=192.0, link_gb_s=448.0, link_latency_us=5.0, usd_per_gpu_hour=1.85),
     # Without a price below (None: cost is NaN until hardware.usd_per_gpu_hour is set). PCIe parts'
     # tensor-parallel link is PCIe (per direction), with the latency of the other PCIe preset.
-    "h100-pcie": dict(peak_tflops=756.5, mem_bandwidth_tb_s=2.0, mem_gb=80.0, link_gb_s=64.0, link_latency_us=10.0,
-                      usd_per_gpu_hour=None),
-    "b300": dict(peak_tflops=2250.0, mem_bandwidth_tb_s=8.0, mem_gb=288.0, link_gb_s=900.0, link_latency_us=5.0,
-                 usd_per_gpu_hour=None),
-    "gb200": dict(peak_tflops=2500.0, mem_bandwidth_tb_s=8.0, mem_gb=186.0, link_gb_s=900.0, link_latency_us=5.0,
-                  usd_per_gpu_hour=None),
-    "a100-40gb": dict(peak_tflops=312.0, mem_bandwidth_tb_s=1.555, mem_gb=40.0, link_gb_s=300.0, link_latency_us=5.0,
-                      usd_per_gpu_hour=None),
-    "l4": dict(peak_tflops=121.0, mem_bandwidth_tb_s=0.3, mem_gb=24.0, link_gb_s=32.0, link_latency_us=10.0,
-               usd_per_gpu_hour=None),
-    "rtx-pro-6000": dict(peak_tflops=500.0, mem_bandwidth_tb_s=1.597, mem_gb=96.0, link_gb_s=64.0,
-                         link_latency_us=10.0, usd_per_gpu_hour=None),
-    "mi325x": dict(peak_tflops=1307.4, mem_bandwidth_tb_s=6.0, mem_gb=256.0, link_gb_s=448.0, link_latency_us=5.0,
-                   usd_per_gpu_hour=None),
-    "mi355x": dict(peak_tflops=2516.6, mem_bandwidth_tb_s=8.0, mem_gb=288.0, link_gb_s=537.6, link_latency_us=5.0,
-                   usd_per_gpu_hour=None),
+    "h100-pcie": dict(peak_tflops=756.5, peak_tflops_fp8=1513.0, peak_tflops_fp4=None, mem_bandwidth_tb_s=2.0,
+                      mem_gb=80.0, link_gb_s=64.0, link_latency_us=10.0, usd_per_gpu_hour=None),
+    "b300": dict(peak_tflops=2250.0, peak_tflops_fp8=4500.0, peak_tflops_fp4=13125.0, mem_bandwidth_tb_s=8.0,
+                 mem_gb=288.0, link_gb_s=900.0, link_latency_us=5.0, usd_per_gpu_hour=None),
+    "gb200": dict(peak_tflops=2500.0, peak_tflops_fp8=5000.0, peak_tflops_fp4=10000.0, mem_bandwidth_tb_s=8.0,
+                  mem_gb=186.0, link_gb_s=900.0, link_latency_us=5.0, usd_per_gpu_hour=None),
+    "a100-40gb": dict(peak_tflops=312.0, peak_tflops_fp8=None, peak_tflops_fp4=None, mem_bandwidth_tb_s=1.555,
+                      mem_gb=40.0, link_gb_s=300.0, link_latency_us=5.0, usd_per_gpu_hour=None),
+    "l4": dict(peak_tflops=121.0, peak_tflops_fp8=242.5, peak_tflops_fp4=None, mem_bandwidth_tb_s=0.3, mem_gb=24.0,
+               link_gb_s=32.0, link_latency_us=10.0, usd_per_gpu_hour=None),
+    "rtx-pro-6000": dict(peak_tflops=500.0, peak_tflops_fp8=1000.0, peak_tflops_fp4=2000.0, mem_bandwidth_tb_s=1.597,
+                         mem_gb=96.0, link_gb_s=64.0, link_latency_us=10.0, usd_per_gpu_hour=None),
+    "mi325x": dict(peak_tflops=1307.4, peak_tflops_fp8=2614.9, peak_tflops_fp4=None, mem_bandwidth_tb_s=6.0,
+                   mem_gb=256.0, link_gb_s=448.0, link_latency_us=5.0, usd_per_gpu_hour=None),
+    "mi355x": dict(peak_tflops=2516.6, peak_tflops_fp8=5033.2, peak_tflops_fp4=10066.3, mem_bandwidth_tb_s=8.0,
+                   mem_gb=288.0, link_gb_s=537.6, link_latency_us=5.0, usd_per_gpu_hour=None),
 }
 
 DATASHEETS: dict[str, str] = {
@@ -100,43 +95,9 @@ PRICE_SOURCES: dict[str, str] = {
 """Where each preset's ``usd_per_gpu_hour`` comes from, and as of when."""
 
 
-@dataclass(frozen=True)
-class ModelShape:
-    params_b: float  # parameters per token (active), billions
-    total_params_b: float  # parameters stored, billions
-    n_layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    architecture: str = "LlamaForCausalLM"  # config.json's architectures[0]
+CONFIGS = Path(__file__).with_name("configs")
 
-    def fields(self) -> dict[str, float]:
-        """The ``model:`` config fields this shape fills."""
-        return dict(
-            weight_gb=round(self.total_params_b * BYTES_PER_PARAM, 6),
-            kv_bytes_per_token=float(2 * self.n_layers * self.kv_heads * self.head_dim * BYTES_PER_PARAM),
-            params_b=self.params_b,
-            n_layers=self.n_layers,
-            attn_dim=self.heads * self.head_dim,
-            hidden=self.hidden,
-            kv_heads=self.kv_heads,
-        )
-
-
-MODEL_SHAPES: dict[str, ModelShape] = {
-    "llama-3.1-8b": ModelShape(8.03, 8.03, 32, 4096, 32, 8, 128),
-    "llama-3.1-70b": ModelShape(70.55, 70.55, 80, 8192, 64, 8, 128),
-    "llama-2-7b": ModelShape(6.74, 6.74, 32, 4096, 32, 32, 128),
-    "llama-2-70b": ModelShape(68.98, 68.98, 80, 8192, 64, 8, 128),
-    "codellama-34b": ModelShape(33.74, 33.74, 48, 8192, 64, 8, 128),
-    "qwen2.5-7b": ModelShape(7.62, 7.62, 28, 3584, 28, 4, 128, "Qwen2ForCausalLM"),
-    "mistral-7b": ModelShape(7.24, 7.24, 32, 4096, 32, 8, 128, "MistralForCausalLM"),
-    # 8 experts, 2 active per token: 12.9 B of 46.7 B parameters work on each token
-    "mixtral-8x7b": ModelShape(12.9, 46.7, 32, 4096, 32, 8, 128, "MixtralForCausalLM"),
-}
-
-MODELS: dict[str, dict[str, float]] = {name: shape.fields() for name, shape in MODEL_SHAPES.items()}
-
-REGISTRIES: dict[str, dict[str, dict[str, float]]] = {"hardware": HARDWARE, "model": MODELS}
-"""Config section -> {preset name -> the fields it fills}."""
+MODELS: dict[str, str] = {d.name: str(d / "config.json") for d in sorted(CONFIGS.iterdir())
+                          if (d / "config.json").is_file()}
+"""Model preset name -> its Hugging Face config.json, shipped in the package (sources and
+licences in ``configs/README.md``); read by the same parser as ``model.config_json``."""

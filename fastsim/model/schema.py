@@ -25,7 +25,8 @@ from pydantic import (
 from .fields import ConfigError, Finite, Int, Section, _integral, doc  # ConfigError: imported from here by every layer
 from .lengths import Output, Prompt
 from . import routers
-from .presets import HARDWARE, REGISTRIES
+from .hardware_model import Hardware, Model
+from .presets import HARDWARE
 
 # The names a config may use; the engine's registries map each to its kernel or router.
 POLICIES = ("static", "dynamic", "continuous")
@@ -33,65 +34,6 @@ ROUTERS = tuple(routers.ROUTERS)
 # The most replicas a pool has: beyond any fleet built, and a simulation's state (and set-up
 # time, ~2 us a replica) stays small.
 LARGEST_POOL = 1_000_000
-
-
-class _Preset(Section):
-    """A section that a named preset (see :mod:`fastsim.presets`) can fill: every field the
-    config does not set explicitly takes the preset's value."""
-
-    section: ClassVar[str]
-    preset: str | None = Field(None, **doc("a named preset that fills every field of the section the config does not "
-                                          "set (`fastsim presets` lists them)"))
-
-    @field_validator("preset")
-    @classmethod
-    def _known_preset(cls, name: str | None) -> str | None:
-        registry = REGISTRIES[cls.section]
-        if name is not None and name not in registry:
-            raise ValueError(f"unknown {cls.section} preset {name!r} (valid: {', '.join(registry)})")
-        return name
-
-    @model_validator(mode="after")
-    def _fill_from_preset(self) -> _Preset:
-        if self.preset is None:
-            return self
-        for name, value in REGISTRIES[self.section][self.preset].items():
-            if name not in self.model_fields_set:
-                object.__setattr__(self, name, value)  # frozen model: filled once, while validating
-        return self
-
-
-class Hardware(_Preset):
-    section: ClassVar[str] = "hardware"
-    mem_bandwidth_tb_s: float = Field(3.35, gt=0, **Finite, **doc("memory bandwidth of one GPU", "TB/s"))
-    peak_tflops: float | None = Field(None, gt=0, **Finite, **doc(
-        "dense BF16 peak of one GPU (null: compute is free, as in the lesson)", "TFLOP/s"))
-    mem_gb: float | None = Field(None, gt=0, **Finite, **doc(
-        "memory of one GPU (null: the KV cache is unlimited unless engine.kv_cache_gb is set)", "GB"))
-    link_gb_s: float | None = Field(None, gt=0, **Finite, **doc(
-        "tensor-parallel link bandwidth per direction, per GPU", "GB/s"))
-    link_latency_us: float = Field(0.0, ge=0, **Finite, **doc("latency of one all-reduce on the tensor-parallel link",
-                                                                "us"))
-    usd_per_gpu_hour: float | None = Field(None, ge=0, **Finite, **doc(
-        "on-demand price of one GPU-hour (a preset carries one, with its source; null: unknown, cost is NaN)",
-        "USD/GPU-hour"))
-
-
-class Model(_Preset):
-    section: ClassVar[str] = "model"
-    weight_gb: float = Field(15.008, ge=0, **Finite, **doc("weights, read once every step", "GB"))
-    kv_bytes_per_token: float = Field(131072.0, ge=0, **Finite, **doc("KV cache of one token, all layers",
-                                                                       "bytes/token"))
-    params_b: float | None = Field(None, gt=0, **Finite, **doc(
-        "parameters each token is computed with, active ones for a mixture of experts (null: compute is free)",
-        "billions"))
-    n_layers: Int | None = Field(None, ge=1, **doc("transformer layers (attention cost, per-layer overhead, "
-                                                   "all-reduces)", "layers"))
-    attn_dim: Int | None = Field(None, ge=1, **doc("attention heads x head dimension (the query-key cost)"))
-    hidden: Int | None = Field(None, ge=1, **doc("hidden size (the all-reduces' payload)"))
-    kv_heads: Int | None = Field(None, ge=1, **doc(
-        "KV heads: tensor parallelism splits them over its GPUs and replicates them when tp exceeds them "
-        "(null: KV split evenly over tp)"))
 
 
 class Engine(Section):
@@ -104,6 +46,9 @@ class Engine(Section):
     max_batched_tokens: Int | None = Field(None, ge=1, **doc(
         "token budget per step, chunked prefill (vLLM's max_num_batched_tokens; null: unlimited)", "tokens"))
     tp: Int = Field(1, ge=1, **doc("tensor-parallel GPUs per replica", "GPUs"))
+    expert_parallel: bool = Field(False, **doc(
+        "spread a mixture of experts' experts over the tp GPUs instead of splitting each (vLLM's "
+        "--enable-expert-parallel): a MoE layer's all-reduce becomes a dispatch and a combine"))
     kv_alloc: Literal["paged", "reserve"] = Field("paged", **doc(
         "paged: blocks as tokens are computed, preemption when they run out; reserve: prompt + longest "
         "output at admission"))
@@ -247,7 +192,7 @@ class Config(Section):
                 raise ValueError(f"axis {key!r} is empty")
             if len({_hashable(v) for v in values}) != len(values):
                 raise ValueError(f"axis {key!r} repeats a value: {values}")
-            dim = key.rsplit(".", 1)[-1]
+            dim = dim_name(key)
             if dim in names:
                 raise ValueError(f"axes {names[dim]!r} and {key!r} would both be named {dim!r}")
             names[dim] = key
@@ -286,6 +231,14 @@ class Config(Section):
 class _Updates(dict):
     """A section's updates in :meth:`Config.at` (a dict subclass: a field's own dict value is
     not one)."""
+
+
+def dim_name(key: str) -> str:
+    """The dataset dimension of a sweep axis: the key's last part, but the section's name for what
+    names a whole section (``hardware.preset`` is ``hardware``; ``model.preset`` and
+    ``model.config_json`` are ``model``), so GPUs and models sweep together."""
+    section, _, leaf = key.rpartition(".")
+    return section if leaf in ("preset", "config_json") and section in ("hardware", "model") else leaf
 
 
 def _hashable(v: Any) -> Any:
@@ -340,6 +293,8 @@ def section_validator(base: Config, section: str) -> Callable[[dict[str, Any]], 
         top = dict(raw)
         for key, value in values.items():
             *path, leaf = key[skip:].split(".")
+            if section == "model" and not path and leaf in SAME_THING:
+                top.pop(SAME_THING[leaf], None)
             d = top
             for part in path:  # copy the nested sections on the way, never the base's
                 d[part] = dict(d[part])
@@ -380,8 +335,14 @@ def axis_validator(base: Config, key: str) -> Callable[[list], list] | None:
     return validate_all
 
 
+SAME_THING = {"preset": "config_json", "config_json": "preset"}
+"""model.preset and model.config_json name the model: setting one replaces the other."""
+
+
 def set_dotted(raw: dict, key: str, value: Any) -> None:
     parts = key.split(".")
+    if len(parts) == 2 and parts[0] == "model" and parts[1] in SAME_THING and isinstance(raw.get("model"), dict):
+        raw["model"].pop(SAME_THING[parts[1]], None)
     node = raw
     for i, part in enumerate(parts[:-1]):
         child = node.setdefault(part, {})
@@ -410,6 +371,8 @@ def _describe(err: dict) -> str:
     got = err.get("input")
     if err["type"] not in ("value_error", "missing") and not isinstance(got, (dict, list)):
         msg += f" (got {got!r})"
+    if key and msg.startswith(f"{key}."):  # a section's check that names its keys itself
+        return msg
     return f"{key or 'config'}: {msg}"
 
 

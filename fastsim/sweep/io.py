@@ -23,7 +23,7 @@ from ..analysis.catalog import ANSWERS
 from ..analysis.metrics import INTEGER_METRICS, METRICS
 from ..analysis.simulation import Result
 from ..model.keys import units
-from ..model.schema import Config
+from ..model.schema import Config, dim_name
 from .._atomic import atomic_path, disk_error
 from .grid import Grid
 
@@ -106,7 +106,7 @@ def _coordinate(values: Sequence[Any]) -> np.ndarray:
 
 def dims(grid: Grid) -> tuple[str, ...]:
     """The dataset dimension of each axis: its key's last component."""
-    return tuple(key.rsplit(".", 1)[-1] for key in grid.keys)
+    return tuple(dim_name(key) for key in grid.keys)
 
 
 def sweep_layout(grid: Grid, table: np.ndarray) -> Layout:

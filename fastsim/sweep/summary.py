@@ -17,7 +17,7 @@ import numpy as np
 
 from ..analysis.metrics import METRICS
 from ..analysis import capacity, plan
-from ..model.schema import Config
+from ..model.schema import Config, dim_name
 from .grid import Grid
 
 METRIC_INDEX = {name: k for k, name in enumerate(METRICS)}
@@ -138,7 +138,7 @@ def summarize(grid: Grid, table: np.ndarray) -> tuple[str, list[str], list[list[
     """(title, column headers, rows, number of leading label columns) describing a sweep's
     metrics ``table``, which has shape (*axis lengths, len(METRICS)) with axes in the order of
     ``grid.keys``."""
-    axes = {key.rsplit(".", 1)[-1]: values for key, values in zip(grid.keys, grid.axes)}
+    axes = {dim_name(key): values for key, values in zip(grid.keys, grid.axes)}
     dims = [d for d in axes if d != "seed"]
     if "seed" in axes:  # seeds become the second-to-last axis: (*dims, seed, metric)
         table = np.moveaxis(table, list(axes).index("seed"), -2)
@@ -197,7 +197,7 @@ def capacity_rows(grid: Grid, answers: list[capacity.Answer], targets) -> tuple[
     """(title, headers, rows, label columns) for a capacity search, one answer per setting in C
     order: per setting, the highest rate meeting every target, the goodput there, the
     latencies, and the target that binds."""
-    dims = [key.rsplit(".", 1)[-1] for key in grid.keys]
+    dims = [dim_name(key) for key in grid.keys]
     rows = []
     for index, a in zip(np.ndindex(*grid.shape), answers):
         labels = [_label(grid.axes[j][i]) for j, i in enumerate(index)]
@@ -287,6 +287,8 @@ def plan_rows(grid: Grid, answers: list[plan.Answer], targets, max_replicas: int
 def _setting(key: str) -> str:
     """A candidate's axis in a few letters: its key's last part, or its section for a preset."""
     section, _, leaf = key.rpartition(".")
+    if leaf == "config_json":
+        return "model"
     return {"hardware": "GPU", "model": "model", "fleet": "prefill GPU"}[section] if leaf.endswith(
         ("preset", "hardware")) else leaf
 

@@ -126,7 +126,7 @@ BAD = [
     ("runs.csv", "model.preset,workload.rate,ttft_mean_s\nllama-9,8,0.03\n",
      "runs.csv: row 2: model.preset: unknown model preset 'llama-9'"),
     ("runs.csv", "model.preset,engine.tp,ttft_mean_s\nllama-2-70b,1,0.03\n",
-     "runs.csv: row 2: model.weight_gb (137.96) does not fit: engine.tp (1)"),
+     "runs.csv: row 2: model.weight_gb (137.953) does not fit: engine.tp (1)"),
     ("runs.csv", "model.preset,workload.rate,ttft_mean_s\nllama-2-7b,8,0.03,4\n", "runs.csv: row 2: 4 cells for 3 columns"),
     ("runs.csv", "", "runs.csv: empty"),
     ("bench.json", "{not json", "bench.json: not JSON"),

@@ -9,21 +9,22 @@ from fastsim.analysis import itl
 from fastsim.engine.kernels._calendar import COMPACT_RUN, LOW, record_compact
 from fastsim.model.cost import step_time
 
-K_LESSON = np.array([0.0, 4.48e-3, 3.9e-8, 0.0, 0.0, 0.0, 0.0])
-K_SERVING = np.array([1e-3, 4.0e-3, 4.0e-8, 2.0e-5, 1.0e-9, 1.6e-4, 1.0e-8])
+K_LESSON = np.array([0.0, 4.48e-3, 3.9e-8, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
+K_SERVING = np.array([1e-3, 4.0e-3, 4.0e-8, 2.0e-5, 1.0e-9, 1.6e-4, 1.0e-8, 3.0e-6, 1.0e-3, 0.9])
 
 
 def brute(k, runs, gaps, ps):
     values = list(gaps)
-    for kv, pairs, nw, m in runs.tolist():
+    for kv, pairs, nw, m, sampled in runs.tolist():
         n_tok, w = nw >> 32, nw & 0xFFFFFFFF
-        values += [step_time.py_func(k, n_tok, kv + j * w, pairs + j * w) for j in range(m) for _ in range(w)]
+        values += [step_time.py_func(k, n_tok, kv + j * w, pairs + j * w, sampled) for j in range(m) for _ in range(w)]
     values.sort()
     return [values[min(len(values) - 1, int(p * len(values)))] for p in ps]
 
 
 def make_runs(rows):
-    return np.array([[kv, pairs, (n << 32) | w, m] for kv, pairs, n, w, m in rows], dtype=np.int64).reshape(-1, 4)
+    return np.array([[kv, pairs, (n << 32) | w, m, w + (n % 3 == 0)] for kv, pairs, n, w, m in rows],
+                    dtype=np.int64).reshape(-1, 5)
 
 
 def make_compact(rows):

@@ -56,7 +56,7 @@ def test_every_answer_is_the_fewest_replicas_a_direct_run_confirms(eight):
 def test_the_plan_dataset_ranks_and_is_one_compare_and_plot_accept(eight, tmp_path):
     entries, out = eight
     with xr.open_dataset(out) as ds:
-        assert list(ds.replicas.dims) == ["preset", "max_batch", "router"]
+        assert list(ds.replicas.dims) == ["hardware", "max_batch", "router"]
         assert ds.attrs["kind"] == "plan" and ds.attrs["targets"] == "slo_attainment>=0.9"
         best = ds.where(ds["rank"] == 1, drop=True)
         assert float(best.usd_per_hour.min()) == entries[0]["usd_per_hour"]
@@ -78,12 +78,12 @@ def test_a_candidate_that_never_meets_or_cannot_run_says_so(tmp_path):
     lines = result.stdout.splitlines()
     assert sum(line.endswith(": never met: slo_attainment>=0.9") for line in lines) == 2
     assert sum(line.split() == [">", "3"] for line in lines) == 2  # under each, the replicas tried
-    assert any(line.startswith("2 candidates cannot run (ranks 3-4): model.weight_gb (141.1) does not fit")
+    assert any(line.startswith("2 candidates cannot run (ranks 3-4): model.weight_gb (141.107) does not fit")
                for line in lines)  # 141 GB of weights on one H100, said once for both
     entries = json.loads(invoke("plan", config, "--max-replicas", "4", "--json", "--out", tmp_path / "h.nc").stdout)
     assert [e["replicas"] for e in entries] == [4, None, None, None]  # then never met, then 2 that cannot run
     assert entries[1]["binding"] == "never met: slo_attainment>=0.9"
-    assert entries[2]["binding"].startswith("cannot run: model.weight_gb (141.1) does not fit")
+    assert entries[2]["binding"].startswith("cannot run: model.weight_gb (141.107) does not fit")
 
 
 @pytest.mark.parametrize("args,message", [

@@ -75,7 +75,8 @@ def test_timed_runs_are_the_steps_one_by_one(data):
     k = np.array([data.draw(st.sampled_from([0.0, 1e-3])), data.draw(st.floats(1e-4, 1e-2)),
                   data.draw(st.floats(1e-9, 1e-6)), data.draw(st.sampled_from([0.0, 1e-5, 1e-3])),
                   data.draw(st.sampled_from([0.0, 1e-9, 1e-6])), data.draw(st.sampled_from([0.0, 1e-5])),
-                  data.draw(st.sampled_from([0.0, 1e-7]))])
+                  data.draw(st.sampled_from([0.0, 1e-7])), data.draw(st.sampled_from([0.0, 1e-5])),
+                  data.draw(st.sampled_from([0.0, 1e-3])), data.draw(st.sampled_from([0.0, 0.5, 0.95]))])
     d = data.draw(st.integers(1, 64))
     kv0 = data.draw(st.integers(d, 200_000))
     now = data.draw(st.floats(0, 1e5))
@@ -83,7 +84,7 @@ def test_timed_runs_are_the_steps_one_by_one(data):
     until = now + data.draw(st.just(math.inf) | st.floats(1e-9, 60))
     steps, t = 0, now
     while steps < m and t < until:
-        t += oracle_serving.step_time(k, d, kv0 + steps * d, kv0 + steps * d)  # a bare step: C = A
+        t += cost.step_time.py_func(k, d, kv0 + steps * d, kv0 + steps * d, d)  # a bare step: C = A, every row samples
         steps += 1
     got, after = _bare.timed(k, d, kv0, now, until, 0, m)
     assert got == steps

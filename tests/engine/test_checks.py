@@ -12,7 +12,7 @@ NEVER = [
     ({"model.preset": "llama-3.1-8b", "engine.tp": 3, "hardware.preset": "h100-sxm"},
      "engine.tp (3) must divide the 8 KV heads of model.preset llama-3.1-8b"),
     ({"model.preset": "llama-3.1-70b", "hardware.preset": "h100-sxm"},
-     "model.weight_gb (141.1) does not fit: engine.tp (1) x (hardware.mem_gb (80) x engine.gpu_memory_utilization (0.9) "
+     "model.weight_gb (141.107) does not fit: engine.tp (1) x (hardware.mem_gb (80) x engine.gpu_memory_utilization (0.9) "
      "- engine.reserved_gb (2)) = 70 GB"),
     ({"workload.prefix_tokens": 1000}, "workload.prefix_tokens (1000) must be shorter than every prompt"),
     ({"engine.kv_cache_gb": 0.1}, "the longest request (workload.prompt 1000 + output 2000 = 3000 tokens) "

@@ -30,7 +30,10 @@ def test_contract_keys_all_exist():
     calibration.step_overhead_ms calibration.layer_overhead_us calibration.api_overhead_ms workload.prefix_tokens workload.arrival
     workload.burstiness slo.ttft_s slo.tpot_s slo.e2e_s
     fleet.replicas fleet.router fleet.prefill_replicas fleet.prefill_tp fleet.prefill_hardware
-    fleet.prefill_max_batched_tokens fleet.kv_link_gb_s fleet.kv_link_latency_ms hardware.usd_per_gpu_hour""".split()
+    fleet.prefill_max_batched_tokens fleet.kv_link_gb_s fleet.kv_link_latency_ms hardware.usd_per_gpu_hour
+    hardware.peak_tflops_fp8 hardware.peak_tflops_fp4 engine.expert_parallel
+    model.config_json model.dtype model.kv_dtype model.vocab model.heads model.head_dim model.kv_lora_rank
+    model.qk_rope_head_dim model.experts model.experts_per_token model.moe_layers model.expert_gb""".split()
     assert sorted(contract) == sorted(LEAF_KEYS)
 
 

@@ -11,9 +11,12 @@ def test_presets_fill_unset_fields_and_explicit_keys_win():
     c = Config().with_values({"hardware.preset": "h200", "hardware.mem_gb": 100})
     assert (c.hardware.mem_bandwidth_tb_s, c.hardware.mem_gb, c.hardware.peak_tflops) == (4.8, 100.0, 989.0)
     m = Config().with_values({"model.preset": "llama-3.1-70b"}).model
-    assert (m.weight_gb, m.kv_bytes_per_token, m.n_layers, m.hidden) == (141.1, 327680.0, 80, 8192)
+    assert (m.kv_bytes_per_token, m.n_layers, m.hidden, m.vocab) == (327680.0, 80, 8192, 128256)
+    assert abs(m.weight_gb - 141.1) < 0.01  # 70.55 B parameters at 2 bytes
     moe = Config().with_values({"model.preset": "mixtral-8x7b"}).model
-    assert moe.params_b == 12.9 and moe.weight_gb == 93.4  # active parameters, all weights
+    assert abs(moe.params_b + 32000 * 4096 / 1e9 - 12.75) < 0.01  # active parameters (with the LM head)
+    assert abs(moe.weight_gb - 93.4) < 0.01  # all weights
+    assert (moe.experts, moe.experts_per_token, moe.moe_layers) == (8, 2, 32)
     assert Config().with_values({"model.preset": "llama-3.1-8b"}).model.kv_bytes_per_token == 131072  # the lesson's
 
 
@@ -39,7 +42,7 @@ def test_a_preset_axis_sweeps_whole_gpus(tmp_path, root):
                     "sweep:\n  hardware.preset: [h100-sxm, h200, b200]\n")
     ds = fastsim.sweep(fastsim.load_config(path), workers=1)
     thr = ds.throughput_tok_s.values
-    assert ds.preset.values.tolist() == ["h100-sxm", "h200", "b200"]
+    assert ds.hardware.values.tolist() == ["h100-sxm", "h200", "b200"]
     for i, gpu in enumerate(["h100-sxm", "h200", "b200"]):
         one = simulate(fastsim.load_config(path, {"hardware.preset": gpu}))
         assert one.metrics["throughput_tok_s"] == thr[i]
@@ -77,7 +80,7 @@ def test_kv_heads_are_split_over_tp_and_replicated_beyond_them():
     for tp in (8, 16):
         c = base.with_values({"engine.tp": tp})
         assert kv_bytes_per_gpu(c) == per_head
-        free_gb = 80 * 0.9 - 2 - 141.1 / tp  # one GPU's memory after its share of the weights
+        free_gb = 80 * 0.9 - 2 - base.model.weight_gb / tp  # one GPU's memory after its share of the weights
         assert kv_blocks(c) == math.floor(math.floor(free_gb * 1e9 / per_head) / 16)
         assert coefficients(c)[2] == per_head / (3.35e12)  # a step reads one head's KV a token on each GPU
     assert kv_bytes_per_gpu(base.with_values({"engine.tp": 4})) == 327680 / 4

@@ -27,15 +27,42 @@ class Engine:
     alloc: str  # paged | reserve
     prefix_blocks: int  # pinned by the shared prefix
     max_output: int  # the longest output the workload can produce
-    k: tuple  # (overhead, t_weights, t_kv, t_token, t_pair, t_link, t_link_token)
+    cost: StepCost  # what a step takes
     api_s: float
 
 
-def step_time(k, n_tokens, kv_tokens, pairs):
-    # the same formula and operation order as docs/model/serving.md (written out again, not imported)
-    memory = k[1] + k[2] * kv_tokens
-    compute = k[3] * n_tokens + k[4] * pairs
-    return k[0] + max(memory, compute) + (k[5] + k[6] * n_tokens)
+@dataclass
+class StepCost:
+    """One step's cost in physical terms (docs/model/serving.md, docs/model/deployed.md), written
+    out again from the docs, not folded into coefficients as the kernels do."""
+
+    overhead_s: float
+    weight_bytes: float  # every weight, all GPUs
+    expert_bytes: float  # all routed experts of every MoE layer (0: dense)
+    k_over_e: float  # experts picked per token / routed experts
+    kv_gpu: float  # KV bytes per token one GPU holds
+    tp: int
+    gpu_bytes_s: float  # one GPU's achieved memory bandwidth
+    params_b: float | None  # None: compute is free
+    dtype_flops: float  # one GPU's achieved FLOP/s for the linear layers (at the dtype's peak)
+    bf16_flops: float  # ... for attention and the LM head
+    n_layers: int
+    attn_dim: int
+    hidden: int
+    vocab: int | None
+    comm_fixed_s: float  # the step's all-reduce (or dispatch and combine) latencies
+    comm_s_per_token: float  # and their per-token transfer time
+
+    def __call__(self, N, C, A, S):
+        unread = self.expert_bytes * (1 - self.k_over_e) ** N if self.expert_bytes else 0.0
+        # (W(N) / tp + kv_gpu C) / bandwidth, grouped as the lesson's weights + per-token KV times
+        t_mem = (self.weight_bytes - unread) / self.tp / self.gpu_bytes_s + self.kv_gpu / self.gpu_bytes_s * C
+        t_cmp = 0.0
+        if self.params_b is not None:
+            t_cmp = 2e9 * self.params_b * N / self.tp / self.dtype_flops
+            t_cmp += (2 * self.hidden * self.vocab * S if self.vocab else 0) / self.tp / self.bf16_flops
+            t_cmp += 4 * self.n_layers * self.attn_dim * A / self.tp / self.bf16_flops
+        return self.overhead_s + max(t_mem, t_cmp) + self.comm_fixed_s + self.comm_s_per_token * N
 
 
 class Replica:
@@ -159,7 +186,8 @@ class Replica:
         N = sum(t for _, _, t in rows)
         C = sum(c0 + t for _, c0, t in rows)
         A = sum(t * (2 * c0 + t + 1) // 2 for _, c0, t in rows)
-        d = step_time(e.k, N, C, A)
+        S = sum(1 for i, c0, t in rows if i not in self.done and c0 + t == prompt[i] + g[i])  # rows that emit
+        d = e.cost(N, C, A, S)
         self.now += d
         self.steps += 1
         now = self.now

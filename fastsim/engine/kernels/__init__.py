@@ -123,7 +123,7 @@ class Outcome:
     kv_block_steps: int  # sum over steps of the KV blocks in use (replicas with a limited cache)
     kv_capacity_steps: int  # sum over steps of the blocks those caches hold
     kv_peak_use: float  # blocks in use / blocks, peak (NaN: no limited cache)
-    runs: np.ndarray  # step runs, for inter-token latencies: int64 (r, 4), or COMPACT_RUN (r,) (see ._calendar)
+    runs: np.ndarray  # step runs, for inter-token latencies: int64 (r, 5), or COMPACT_RUN (r,) (see ._calendar)
     gaps_s: np.ndarray  # float64: inter-token gaps of requests that skipped steps
     k: np.ndarray  # the step-time coefficients the runs' durations come from
     replica: np.ndarray | None = None  # int32 (n,): the (decode) replica that served each request

@@ -128,8 +128,10 @@ def timed(k, d, kv0, now, until, shortest, m):
     n = float(d)  # the roofline's two sides, each affine in the step's index j
     fixed = k[0] + (k[5] + k[6] * n)
     mem0 = k[1] + k[2] * kv0
+    if k[8] != 0.0:  # the routed experts no decoder picks are not read (as :func:`step_time`)
+        mem0 -= k[8] * k[9] ** d
     mem_slope = k[2] * n
-    cmp0 = k[3] * n + k[4] * kv0
+    cmp0 = k[3] * n + k[4] * kv0 + k[7] * n
     cmp_slope = k[4] * n
     if mem0 >= cmp0:
         c1, b1, c2, b2 = fixed + mem0, mem_slope, fixed + cmp0, cmp_slope

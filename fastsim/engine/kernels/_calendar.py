@@ -17,7 +17,8 @@ duration. Inter-token latencies are those step durations, ``w`` times each (reco
 step-time formula), plus the irregular gaps of requests that skipped steps (recorded as values).
 Two layouts:
 
-- full (the serving model): int64 (r, 4), rows (C, A, N << 32 | w, m);
+- full (the serving model): int64 (r, 5), rows (C, A, N << 32 | w, m, S), S the rows that emit
+  a token in each step (the LM head's work: w plus any prefill that completes);
 - compact (the lesson model, where N is 0 and A is C): ``COMPACT_RUN`` (r,), records
   (kv = C, wm = w << 32 | m): half the bytes to write and to read back, which is most of what
   recording costs a kernel.
@@ -36,7 +37,7 @@ from numba.extending import overload
 from ..._jit import inline
 
 RING_MAX = 1 << 16  # calendar buckets at most (512 KiB)
-FULL_COLUMNS = 4
+FULL_COLUMNS = 5
 COMPACT_RUN = np.dtype([("kv", np.int64), ("wm", np.int64)], align=True)
 LOW = 0xFFFFFFFF  # the low 32 bits
 
@@ -102,13 +103,14 @@ def _m_full(runs, r):
 
 
 def _step_compact(runs, r, j):
-    kv = runs[r]["kv"] + j * (runs[r]["wm"] >> 32)
-    return 0, kv, kv
+    w = runs[r]["wm"] >> 32
+    kv = runs[r]["kv"] + j * w
+    return 0, kv, kv, w
 
 
 def _step_full(runs, r, j):
     extra = j * (runs[r, 2] & LOW)
-    return runs[r, 2] >> 32, runs[r, 0] + extra, runs[r, 1] + extra
+    return runs[r, 2] >> 32, runs[r, 0] + extra, runs[r, 1] + extra, runs[r, 4]
 
 
 def _copy_compact(dst, i, t, src, r):
@@ -136,12 +138,12 @@ def _by_layout(compact, full):
 
 run_w = _by_layout(_w_compact, _w_full)  # w of run r
 run_m = _by_layout(_m_compact, _m_full)  # m of run r
-run_step = _by_layout(_step_compact, _step_full)  # (N, C, A) of step j of run r
+run_step = _by_layout(_step_compact, _step_full)  # (N, C, A, S) of step j of run r
 run_copy = _by_layout(_copy_compact, _copy_full)  # (dst, i, t, src, r): dst[i, t] = run r of src (one layout)
 
 
 @inline
-def record(runs, count, n_tokens, kv_tokens, pairs, m, w):
+def record(runs, count, n_tokens, kv_tokens, pairs, m, w, s):
     """Append a run of ``m`` steps to full-layout ``runs``, extending the last run when this one
     continues it; returns the new count of runs. Past the array's capacity it only counts (the
     driver then runs the kernel again with room for them all: the array is never reallocated
@@ -153,7 +155,8 @@ def record(runs, count, n_tokens, kv_tokens, pairs, m, w):
     nw = (n_tokens << 32) | w
     if count > 0:
         p = count - 1
-        if runs[p, 2] == nw and runs[p, 0] + runs[p, 3] * w == kv_tokens and runs[p, 1] + runs[p, 3] * w == pairs:
+        if (runs[p, 2] == nw and runs[p, 4] == s and runs[p, 0] + runs[p, 3] * w == kv_tokens
+                and runs[p, 1] + runs[p, 3] * w == pairs):
             runs[p, 3] += m
             return count
     if count == runs.shape[0]:
@@ -162,6 +165,7 @@ def record(runs, count, n_tokens, kv_tokens, pairs, m, w):
     runs[count, 1] = pairs
     runs[count, 2] = nw
     runs[count, 3] = m
+    runs[count, 4] = s
     return count + 1
 
 
@@ -192,15 +196,15 @@ def record_compact(runs, count, kv_tokens, m, w):
 
 
 @inline
-def extend_run(runs, nruns, run_kv, run_pairs, run_nw, run_m, n_tok, kv_tok, pairs, m, w):
+def extend_run(runs, nruns, run_kv, run_pairs, run_nw, run_m, run_s, n_tok, kv_tok, pairs, m, w, s):
     """A replica's run of ``m`` steps (as :func:`record` takes one) extends its open run (kept by
     the caller, so that replicas' runs do not interleave) when it continues it; else the open run
     is written to ``runs`` and this one opens.
-    Returns (nruns, and the open run: kv, pairs, N << 32 | w, m)."""
+    Returns (nruns, and the open run: kv, pairs, N << 32 | w, m, S)."""
     if m <= 0 or w <= 0:
-        return nruns, run_kv, run_pairs, run_nw, run_m
+        return nruns, run_kv, run_pairs, run_nw, run_m, run_s
     nw = (n_tok << 32) | w
-    if run_m > 0 and run_nw == nw and run_kv + run_m * w == kv_tok and run_pairs + run_m * w == pairs:
-        return nruns, run_kv, run_pairs, run_nw, run_m + m
-    nruns = record(runs, nruns, run_nw >> 32, run_kv, run_pairs, run_m, run_nw & LOW)
-    return nruns, kv_tok, pairs, nw, m
+    if run_m > 0 and run_nw == nw and run_s == s and run_kv + run_m * w == kv_tok and run_pairs + run_m * w == pairs:
+        return nruns, run_kv, run_pairs, run_nw, run_m + m, run_s
+    nruns = record(runs, nruns, run_nw >> 32, run_kv, run_pairs, run_m, run_nw & LOW, run_s)
+    return nruns, kv_tok, pairs, nw, m, s

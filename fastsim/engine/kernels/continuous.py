@@ -53,7 +53,7 @@ SHORTEST = 12  # ... if that many are left at least
 
 # Per-replica scalars, columns of ``st``.
 (RHEAD, RTAIL, RUNNING, CURSOR, N_DEC, SUM_C, PARTIAL, PTOP, NPRE, QFIRST, QLAST, NWAIT, STEPS, BUSY, MAX_QUEUE,
- PREEMPTIONS, KV_SUM, KV_PEAK, FREE, RUN_KV, RUN_PAIRS, RUN_NW, RUN_M, N_STATE) = range(24)
+ PREEMPTIONS, KV_SUM, KV_PEAK, FREE, RUN_KV, RUN_PAIRS, RUN_NW, RUN_M, RUN_S, N_STATE) = range(25)
 
 
 @jit
@@ -69,7 +69,7 @@ def continuous(arrival, prompt, output, replicas, code, routes, limit, k, budget
     code : int    the router (:data:`fastsim.model.routers.ROUTERS`' code), or ``ONE_ENGINE``
     routes : int64 (n,)    the random router's replica per request (else unused, may be empty)
     limit : int    most requests running at once on a replica
-    k : float64 (7,)    step-time coefficients (:func:`fastsim.model.cost.coefficients`)
+    k : float64 (10,)    step-time coefficients (:func:`fastsim.model.cost.coefficients`)
     budget : int    tokens computed per step at most (>= limit)
     blocks : int    KV cache blocks of a replica, or -1 for unlimited (a router that counts
         blocks is given so many that they never bind)
@@ -84,7 +84,7 @@ def continuous(arrival, prompt, output, replicas, code, routes, limit, k, budget
         and last token (a decode replica leaves ``first_token`` alone)
     replica : int64 (n,)    filled with the replica each request was routed to (one engine:
         unused, may be empty)
-    runs : int64 (capacity, 4)    step runs (:mod:`._calendar`): the kernel returns how many it
+    runs : int64 (capacity, 5)    step runs (:mod:`._calendar`): the kernel returns how many it
         needed
     gaps : float64 (capacity,)    irregular inter-token gaps: the kernel returns how many it needed
     work : int64 (WORK_ROWS, n + 1)    room for the per-request state and its lists' spare slots
@@ -154,6 +154,7 @@ def continuous(arrival, prompt, output, replicas, code, routes, limit, k, budget
             steps, busy, max_queue, preemptions = st[rep, STEPS], st[rep, BUSY], st[rep, MAX_QUEUE], st[rep, PREEMPTIONS]
             kv_sum, kv_peak, free = st[rep, KV_SUM], st[rep, KV_PEAK], st[rep, FREE]
             run_kv, run_pairs, run_nw, run_m = st[rep, RUN_KV], st[rep, RUN_PAIRS], st[rep, RUN_NW], st[rep, RUN_M]
+            run_s = st[rep, RUN_S]
             finished = 0
             while now < until:
                 while head < timed_end and arrival[head] <= now:
@@ -268,17 +269,19 @@ def continuous(arrival, prompt, output, replicas, code, routes, limit, k, budget
                 n_tok = n_dec
                 kv_tok = sum_c + n_dec
                 pairs = sum_c + n_dec
+                sampled = n_dec  # rows that emit a token: every decoder, and prefills that complete
                 for r in range(nrows):
                     n_tok += rows_n[r]
                     kv_tok += rows_c[r] + rows_n[r]
                     pairs += rows_n[r] * (2 * rows_c[r] + rows_n[r] + 1) // 2
+                    sampled += rows_c[r] + rows_n[r] == prompt[rows_i[r]] + g[rows_i[r]]
                 if limited:
                     used = blocks - free
                     kv_sum += used
                     kv_peak = max(kv_peak, used)
-                d = step_time(k, n_tok, kv_tok, pairs)
-                nruns, run_kv, run_pairs, run_nw, run_m = extend_run(runs, nruns, run_kv, run_pairs, run_nw, run_m,
-                                                                     n_tok, kv_tok, pairs, 1, n_dec)
+                d = step_time(k, n_tok, kv_tok, pairs, sampled)
+                nruns, run_kv, run_pairs, run_nw, run_m, run_s = extend_run(
+                    runs, nruns, run_kv, run_pairs, run_nw, run_m, run_s, n_tok, kv_tok, pairs, 1, n_dec, sampled)
                 now += d
                 steps += 1
                 busy += n_dec
@@ -373,7 +376,7 @@ def continuous(arrival, prompt, output, replicas, code, routes, limit, k, budget
                             used += need
                             phase_now = phase_now + 1 if phase_now + 1 < bt else 0
                         kv_sum += used
-                        now += step_time(k, n_dec, sum_c + n_dec, sum_c + n_dec)
+                        now += step_time(k, n_dec, sum_c + n_dec, sum_c + n_dec, n_dec)
                         steps += 1
                         busy += n_dec
                         sum_c += n_dec
@@ -404,8 +407,8 @@ def continuous(arrival, prompt, output, replicas, code, routes, limit, k, budget
                     cursor = cursor + m if cursor + m < ring else cursor + m - ring
                     break
                 kv_peak = max(kv_peak, used)
-                nruns, run_kv, run_pairs, run_nw, run_m = extend_run(runs, nruns, run_kv, run_pairs, run_nw, run_m,
-                                                                     n_dec, kv0, kv0, steps - steps0, n_dec)
+                nruns, run_kv, run_pairs, run_nw, run_m, run_s = extend_run(
+                    runs, nruns, run_kv, run_pairs, run_nw, run_m, run_s, n_dec, kv0, kv0, steps - steps0, n_dec, n_dec)
             now_r[rep] = now
             st[rep, RHEAD], st[rep, RTAIL], st[rep, RUNNING] = rhead, rtail, running
             st[rep, CURSOR], st[rep, N_DEC], st[rep, SUM_C] = cursor, n_dec, sum_c
@@ -414,6 +417,7 @@ def continuous(arrival, prompt, output, replicas, code, routes, limit, k, budget
             st[rep, STEPS], st[rep, BUSY], st[rep, MAX_QUEUE], st[rep, PREEMPTIONS] = steps, busy, max_queue, preemptions
             st[rep, KV_SUM], st[rep, KV_PEAK], st[rep, FREE] = kv_sum, kv_peak, free
             st[rep, RUN_KV], st[rep, RUN_PAIRS], st[rep, RUN_NW], st[rep, RUN_M] = run_kv, run_pairs, run_nw, run_m
+            st[rep, RUN_S] = run_s
             outstanding[rep] -= finished
             used_blocks[rep] = blocks - free if limited else 0
         if not routed or q == n:
@@ -434,7 +438,7 @@ def continuous(arrival, prompt, output, replicas, code, routes, limit, k, budget
     steps = busy = max_queue = preemptions = kv_sum = kv_peak = 0
     for r in range(replicas):  # close every open run; the totals
         nruns = record(runs, nruns, st[r, RUN_NW] >> 32, st[r, RUN_KV], st[r, RUN_PAIRS], st[r, RUN_M],
-                       st[r, RUN_NW] & LOW)
+                       st[r, RUN_NW] & LOW, st[r, RUN_S])
         steps += st[r, STEPS]
         busy += st[r, BUSY]
         max_queue = max(max_queue, st[r, MAX_QUEUE])

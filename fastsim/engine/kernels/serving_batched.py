@@ -106,8 +106,8 @@ def batched(arrival, prompt, output, limit, window, k, blocks, bt, pb, o_max, fi
         if blocks >= 0:
             kv_sum += used
             kv_peak = max(kv_peak, used)
-        d = step_time(k, n_tok, ctx, pairs)
-        nruns = record(runs, nruns, n_tok, ctx, pairs, 1, 0 if first_step else active)
+        d = step_time(k, n_tok, ctx, pairs, active)  # every row but padding emits a token
+        nruns = record(runs, nruns, n_tok, ctx, pairs, 1, 0 if first_step else active, active)
         now += d
         steps += 1
         ctx += active
@@ -129,7 +129,7 @@ def batched(arrival, prompt, output, limit, window, k, blocks, bt, pb, o_max, fi
                 nxt = cursor + 1 if cursor + 1 < ring else 0
                 if bucket[nxt] >= 0:
                     break
-                now += step_time(k, rows, ctx, ctx)
+                now += step_time(k, rows, ctx, ctx, active)
                 steps += 1
                 ctx += active
                 busy += active
@@ -138,5 +138,5 @@ def batched(arrival, prompt, output, limit, window, k, blocks, bt, pb, o_max, fi
             if blocks >= 0:
                 kv_sum += used * m
             if m > 0:
-                nruns = record(runs, nruns, rows, ctx0, ctx0, m, active)
+                nruns = record(runs, nruns, rows, ctx0, ctx0, m, active, active)
     return steps, busy, max_queue, kv_sum, kv_peak, nruns

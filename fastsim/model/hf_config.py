@@ -1,0 +1,331 @@
+"""Reading a Hugging Face ``config.json``: a model's shape, its parameters counted by kind, and
+the ``model:`` fields they give at a precision (docs/model/deployed.md).
+
+Parameters are counted from the file alone, by architecture family: attention (standard, or
+DeepSeek's multi-head latent attention), dense MLPs, routed and shared experts, routers, norms,
+biases, the embedding and the LM head. Linear layers of the transformer take the model's dtype;
+embeddings, norms, routers, biases and the LM head stay bf16. A ``quantization_config`` block
+(or a ``hf_quant_config.json`` beside the file) gives the dtype and, where it says so, the KV
+cache's. Nothing is fetched; a file is read once per process.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+WEIGHT_BYTES = {"bf16": 2.0, "fp8": 1.0, "fp4": 0.5625}  # fp4: 4 bits and an 8-bit scale per 16 weights
+KV_BYTES = {"bf16": 2.0, "fp8": 1.0}
+
+
+class Approximation(UserWarning):
+    """What importing a model approximates (shown once per model and process)."""
+
+
+class ModelFileError(ValueError):
+    """A config.json that cannot be read as a model; the message names the file and the field."""
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A model as its config.json describes it (counts in parameters, not bytes)."""
+
+    architecture: str
+    n_layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    linear: int  # linear weights of the transformer layers, every expert (stored at the dtype)
+    plain: int  # embeddings, LM head (untied), norms, routers, biases (stored bf16)
+    active: int  # parameters each computed token multiplies through, without embeddings and LM head
+    kv_lora_rank: int = 0  # MLA: the latent KV (0: standard attention)
+    qk_rope_head_dim: int = 0
+    experts: int = 0  # routed experts per MoE layer (0: dense)
+    experts_per_token: int = 0
+    moe_layers: int = 0
+    expert: int = 0  # parameters of one routed expert of one layer
+    dtype: str = "bf16"  # from the quantization config
+    kv_dtype: str = "bf16"
+    notices: tuple[str, ...] = field(default=(), compare=False)  # what the import approximates
+
+    @property
+    def family(self) -> str:
+        """The architecture without its class suffix (Llama, Qwen3Moe, DeepseekV3...)."""
+        return self.architecture.removesuffix("ForCausalLM").removesuffix("ForConditionalGeneration")
+
+    @property
+    def total(self) -> int:
+        """Every parameter stored."""
+        return self.linear + self.plain
+
+    @property
+    def active_with_head(self) -> int:
+        """Parameters each token multiplies through, the LM head included (the embedding is a lookup)."""
+        return self.active + self.vocab * self.hidden
+
+    def fields(self, dtype: str | None = None, kv_dtype: str | None = None) -> dict[str, Any]:
+        """The ``model:`` fields at ``dtype`` and ``kv_dtype`` (None: the file's)."""
+        dtype, kv_dtype = dtype or self.dtype, kv_dtype or self.kv_dtype
+        mla = self.kv_lora_rank > 0
+        kv_values = self.kv_lora_rank + self.qk_rope_head_dim if mla else 2 * self.kv_heads * self.head_dim
+        return dict(
+            dtype=dtype, kv_dtype=kv_dtype,
+            weight_gb=(self.linear * WEIGHT_BYTES[dtype] + self.plain * WEIGHT_BYTES["bf16"]) / 1e9,
+            kv_bytes_per_token=float(self.n_layers * kv_values * KV_BYTES[kv_dtype]),
+            params_b=self.active / 1e9, vocab=self.vocab, hidden=self.hidden, n_layers=self.n_layers,
+            heads=self.heads, kv_heads=self.kv_heads, head_dim=self.head_dim,
+            kv_lora_rank=self.kv_lora_rank, qk_rope_head_dim=self.qk_rope_head_dim,
+            attn_dim=self.heads * (2 * self.kv_lora_rank + self.qk_rope_head_dim) // 2 if mla
+            else self.heads * self.head_dim,
+            experts=self.experts, experts_per_token=self.experts_per_token, moe_layers=self.moe_layers,
+            expert_gb=self.expert * WEIGHT_BYTES[dtype] / 1e9,
+        )
+
+
+class _Reader:
+    """Fields of one config.json, with errors that name the file and the field."""
+
+    def __init__(self, path: Path, raw: dict, architecture: str):
+        self.path, self.raw, self.architecture = path, raw, architecture
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.raw.get(key, default) if self.raw.get(key) is not None else default
+
+    def int(self, key: str, default: int | None = None) -> int:
+        value = self.raw.get(key)
+        if value is None:
+            if default is not None:
+                return default
+            raise ModelFileError(f"{self.path}: field {key!r} missing (the {self.architecture} architecture needs it)")
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ModelFileError(f"{self.path}: field {key!r} must be a whole number >= 0 (got {value!r})")
+        return value
+
+
+def _attention(r: _Reader) -> tuple[int, int, int, int, int]:
+    """(heads, kv_heads, head_dim, linear, plain) of one standard attention layer."""
+    hidden, heads = r.int("hidden_size"), r.int("num_attention_heads")
+    if heads == 0:
+        raise ModelFileError(f"{r.path}: field 'num_attention_heads' must be at least 1")
+    kv = r.int("num_key_value_heads", heads)
+    hd = r.int("head_dim", hidden // heads)
+    linear = 2 * hidden * heads * hd + 2 * hidden * kv * hd  # q, o; k, v
+    plain = 0
+    if r.get("attention_bias", False):
+        plain += (heads + 2 * kv) * hd + hidden
+    if r.architecture.startswith("Qwen2"):  # q, k, v biases
+        plain += (heads + 2 * kv) * hd
+    if r.architecture.startswith("Qwen3"):  # q and k norms
+        plain += 2 * hd
+    if r.architecture.startswith("GptOss"):  # a sink per head
+        plain += heads
+    if r.architecture.startswith(HYBRID):  # an output gate per query head (in q_proj)
+        linear += hidden * heads * hd
+    return heads, kv, hd, linear, plain
+
+
+def _linear_attention(r: _Reader) -> tuple[int, int]:
+    """(linear, plain) of one Gated DeltaNet layer (Qwen3-Next, Qwen3.5)."""
+    hidden = r.int("hidden_size")
+    nk, dk = r.int("linear_num_key_heads"), r.int("linear_key_head_dim")
+    nv, dv = r.int("linear_num_value_heads"), r.int("linear_value_head_dim")
+    linear = hidden * (2 * nk * dk + 2 * nv * dv) + hidden * 2 * nv + nv * dv * hidden  # qkvz, b and a, out
+    return linear, (2 * nk * dk + nv * dv) * r.int("linear_conv_kernel_dim", 4) + 2 * nv + dv
+
+
+def _full_layers(r: _Reader, n: int) -> list[bool]:
+    """Which layers of a hybrid model have full attention (the others linear attention)."""
+    types = r.get("layer_types")
+    if isinstance(types, list) and len(types) == n:
+        return [t == "full_attention" for t in types]
+    interval = max(r.int("full_attention_interval", 4), 1)
+    return [(i + 1) % interval == 0 for i in range(n)]
+
+
+def _mla(r: _Reader) -> tuple[int, int, int, int, int, int, int]:
+    """(heads, kv_heads, head_dim, kv_lora_rank, qk_rope_head_dim, linear, plain) of one
+    multi-head latent attention layer (DeepSeek-V2/V3)."""
+    hidden, heads = r.int("hidden_size"), r.int("num_attention_heads")
+    lora, rope, nope, v = r.int("kv_lora_rank"), r.int("qk_rope_head_dim"), r.int("qk_nope_head_dim"), r.int("v_head_dim")
+    q_lora = r.int("q_lora_rank", 0)
+    q = hidden * q_lora + q_lora * heads * (nope + rope) if q_lora else hidden * heads * (nope + rope)
+    linear = q + hidden * (lora + rope) + lora * heads * (nope + v) + heads * v * hidden
+    return heads, r.int("num_key_value_heads", heads), nope + rope, lora, rope, linear, q_lora + lora
+
+
+def _moe(r: _Reader) -> tuple[list[bool], int, int, int, int, int]:
+    """Per layer whether it routes, and (experts, k, one expert, shared experts, router) of a
+    MoE layer."""
+    a, n, hidden = r.architecture, r.int("num_hidden_layers"), r.int("hidden_size")
+    if a.startswith("Mixtral"):
+        e, k, inter = r.int("num_local_experts"), r.int("num_experts_per_tok"), r.int("intermediate_size")
+        return [True] * n, e, k, 3 * hidden * inter, 0, hidden * e
+    if a.startswith(("Qwen2Moe", "Qwen3Moe", *HYBRID)):
+        e, k, inter = r.int("num_experts"), r.int("num_experts_per_tok"), r.int("moe_intermediate_size")
+        step, dense = r.int("decoder_sparse_step", 1), set(r.get("mlp_only_layers", []))
+        routes = [i not in dense and e > 0 and (i + 1) % max(step, 1) == 0 for i in range(n)]
+        shared = r.int("shared_expert_intermediate_size", 0)
+        return routes, e, k, 3 * hidden * inter, 3 * hidden * shared + (hidden if shared else 0), hidden * e
+    if a.startswith("Deepseek"):
+        e, k, inter = r.int("n_routed_experts"), r.int("num_experts_per_tok"), r.int("moe_intermediate_size")
+        first, freq = r.int("first_k_dense_replace", 0), max(r.int("moe_layer_freq", 1), 1)
+        routes = [i >= first and i % freq == 0 for i in range(n)]
+        bias = e if r.get("topk_method") == "noaux_tc" else 0  # the score-correction bias
+        return routes, e, k, 3 * hidden * inter, 3 * hidden * inter * r.int("n_shared_experts", 0), hidden * e + bias
+    if a.startswith("GptOss"):
+        e, inter = r.int("num_local_experts"), r.int("intermediate_size")
+        k = r.int("num_experts_per_tok", r.int("experts_per_token", 0) or None)
+        return [True] * n, e, k, 3 * hidden * inter, 0, hidden * e + e
+    if a.startswith("Llama4"):
+        e, k, inter = r.int("num_local_experts"), r.int("num_experts_per_tok"), r.int("intermediate_size")
+        step = max(r.int("interleave_moe_layer_step", 1), 1)
+        listed = r.get("moe_layers")
+        routes = [i in set(listed) for i in range(n)] if listed is not None else [(i + 1) % step == 0 for i in range(n)]
+        return routes, e, k, 3 * hidden * inter, 3 * hidden * inter, hidden * e
+    return [False] * n, 0, 0, 0, 0, 0
+
+
+def _dense_mlp(r: _Reader) -> int:
+    key = "intermediate_size_mlp" if r.architecture.startswith("Llama4") else "intermediate_size"
+    return 3 * r.int("hidden_size") * r.int(key)
+
+
+HYBRID = ("Qwen3Next", "Qwen3_5")  # linear attention in 3 layers of 4, imported as full attention
+DENSE = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "GemmaForCausalLM",
+         "Gemma2ForCausalLM", "Gemma3ForCausalLM")
+MOE = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "DeepseekV2ForCausalLM",
+       "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", "GptOssForCausalLM", "Llama4ForConditionalGeneration",
+       "Llama4ForCausalLM", "Qwen3NextForCausalLM", "Qwen3_5MoeForConditionalGeneration", "Qwen3_5MoeForCausalLM")
+ARCHITECTURES = DENSE + MOE
+"""The ``architectures`` a config.json may name."""
+
+
+def _quantization(path: Path, raw: dict) -> tuple[str, str]:
+    """(dtype, kv_dtype) the file's quantization says (bf16 where it says nothing)."""
+    q = raw.get("quantization_config")
+    beside = path.with_name("hf_quant_config.json")
+    if q is None and beside.is_file():
+        q = _read(beside).get("quantization", {})
+        q = {"quant_method": "modelopt", **q}
+    if q is None:
+        return "bf16", "bf16"
+    if not isinstance(q, dict):
+        raise ModelFileError(f"{path}: field 'quantization_config' must be a mapping")
+    method = str(q.get("quant_method", "")).lower()
+    kv = "fp8" if str(q.get("kv_cache_quant_algo", "")).upper() == "FP8" or q.get("kv_cache_scheme") else "bf16"
+    if method in ("fp8", "fbgemm_fp8"):
+        return "fp8", kv
+    if method == "mxfp4":
+        return "fp4", kv
+    if method == "modelopt":  # in hf_quant_config.json, or inline
+        algo = str(q.get("quant_algo", "")).upper()
+        if algo in ("FP8", "NVFP4"):
+            return ("fp8" if algo == "FP8" else "fp4"), kv
+        raise ModelFileError(f"{path}: quant_algo {algo!r} is not supported (FP8, NVFP4)")
+    if method == "compressed-tensors":
+        bits = {g.get("weights", {}).get("num_bits") for g in q.get("config_groups", {}).values()
+                if isinstance(g, dict) and isinstance(g.get("weights"), dict) and g["weights"].get("type") == "float"}
+        if bits == {8}:
+            return "fp8", kv
+        if bits == {4}:
+            return "fp4", kv
+        raise ModelFileError(f"{path}: compressed-tensors weights other than float 8 or 4 bits are not supported")
+    raise ModelFileError(f"{path}: field 'quantization_config.quant_method' {method!r} is not supported "
+                         "(fp8, mxfp4, modelopt FP8/NVFP4, compressed-tensors float)")
+
+
+def _notices(r: _Reader, name: str) -> tuple[str, ...]:
+    """What the import approximates: attention that is not full everywhere is taken as full."""
+    what = []
+    if r.get("sliding_window") and r.get("use_sliding_window", True) is not False:
+        what.append(f"sliding-window attention ({r.get('sliding_window')} tokens)")
+    elif "sliding_attention" in (r.get("layer_types") or []):
+        what.append("sliding-window attention")
+    if r.get("attention_chunk_size"):
+        what.append(f"chunked attention ({r.get('attention_chunk_size')} tokens)")
+    if r.architecture.startswith(HYBRID):
+        what.append(f"linear attention ({sum(not f for f in _full_layers(r, r.int('num_hidden_layers')))} layers)")
+    if r.get("index_topk"):
+        what.append(f"sparse attention (top {r.get('index_topk')} tokens)")
+    if not what:
+        return ()
+    return (f"{name}: {' and '.join(what)} imported as full attention (KV cache and attention cost overstated "
+            "for long contexts)",)
+
+
+def _read(path: Path) -> dict:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ModelFileError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ModelFileError(f"{path}: cannot read ({getattr(exc, 'strerror', None) or exc.reason})") from None
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ModelFileError(f"{path}: not JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+    if not isinstance(raw, dict):
+        raise ModelFileError(f"{path}: expected a JSON object")
+    return raw
+
+
+@functools.lru_cache(maxsize=256)
+def read(path: str) -> Shape:
+    """The shape of the model a config.json describes (read once per process)."""
+    p = Path(path)
+    raw = _read(p)
+    names = raw.get("architectures")
+    if not isinstance(names, list) or not names or not isinstance(names[0], str):
+        raise ModelFileError(f"{p}: field 'architectures' missing (a list naming one of: {', '.join(ARCHITECTURES)})")
+    architecture = names[0]
+    if architecture not in ARCHITECTURES:
+        raise ModelFileError(f"{p}: architecture {architecture!r} is not supported "
+                             f"(supported: {', '.join(ARCHITECTURES)})")
+    text = raw.get("text_config") if "ConditionalGeneration" in architecture and "text_config" in raw else raw
+    if not isinstance(text, dict):
+        raise ModelFileError(f"{p}: field 'text_config' must be a mapping")
+    r = _Reader(p, text, architecture)
+    n, hidden = r.int("num_hidden_layers"), r.int("hidden_size")
+    vocab = r.int("vocab_size")
+    lora = rope = 0
+    if architecture.startswith("Deepseek"):
+        heads, kv, hd, lora, rope, attention, attention_plain = _mla(r)
+    else:
+        heads, kv, hd, attention, attention_plain = _attention(r)
+    if architecture.startswith(HYBRID):  # the linear-attention layers' own weights; KV and cost as full
+        full = _full_layers(r, n)
+        delta, delta_plain = _linear_attention(r)
+        attention_all = sum(attention if f else delta for f in full)
+        attention_plain_all = sum(attention_plain if f else delta_plain for f in full)
+    else:
+        attention_all, attention_plain_all = n * attention, n * attention_plain
+    routes, experts, k, expert, shared, router = _moe(r)
+    if experts and not 0 < k <= experts:
+        raise ModelFileError(f"{p}: experts per token must be from 1 to the {experts} experts (got {k})")
+    moe_layers = sum(routes)
+    dense_mlp = _dense_mlp(r) if moe_layers < n else 0
+    tied = r.get("tie_word_embeddings", architecture.startswith("Gemma"))
+    linear = attention_all + (n - moe_layers) * dense_mlp + moe_layers * (experts * expert + shared)
+    norms = 2 * hidden * n + hidden
+    plain = vocab * hidden * (1 if tied else 2) + attention_plain_all + moe_layers * router + norms
+    if architecture.startswith("GptOss"):  # expert biases: gate_up and down
+        plain += moe_layers * experts * (2 * r.int("intermediate_size") + hidden)
+    active = attention_all + (n - moe_layers) * dense_mlp + moe_layers * (k * expert + shared + router)
+    dtype, kv_dtype = _quantization(p, raw)
+    notices = _notices(r, p.parent.name or p.name)
+    for notice in notices:
+        warnings.warn(notice, Approximation, stacklevel=2)
+    return Shape(architecture, n, hidden, heads, kv, hd, vocab, linear, plain, active, lora, rope, experts, k,
+                 moe_layers, expert, dtype, kv_dtype, notices)
+
+
+def fields_of(path: str, dtype: str | None, kv_dtype: str | None) -> dict[str, Any]:
+    """The ``model:`` fields a config.json gives at ``dtype`` and ``kv_dtype`` (None: the file's)."""
+    return read(path).fields(dtype, kv_dtype)
+

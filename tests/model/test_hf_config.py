@@ -1,0 +1,163 @@
+"""Models imported from their Hugging Face config.json (docs/model/deployed.md): every shipped
+preset imports; shapes are the files'; sizes agree with a derivation written here again, and
+totals with the counts the model makers publish; precisions come from the quantization configs;
+what is approximated is said; the KV cache per GPU follows vLLM's sharding."""
+
+import json
+import math
+import warnings
+
+import pytest
+from typer.testing import CliRunner
+
+from fastsim import Config
+from fastsim.cli import app
+from fastsim.model import hf_config
+from fastsim.model.cost import kv_blocks, kv_bytes_per_gpu
+from fastsim.model.presets import MODELS
+
+
+def shape(name: str) -> hf_config.Shape:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", hf_config.Approximation)
+        return hf_config.read(MODELS[name])
+
+
+def test_every_shipped_preset_imports_and_validates():
+    assert len(MODELS) >= 30
+    for name in MODELS:
+        m = Config().with_values({"model.preset": name}).model
+        assert m.weight_gb > 0 and m.kv_bytes_per_token > 0 and m.params_b > 0 and m.vocab > 0, name
+        assert (m.experts > 0) == (m.experts_per_token > 0) == (m.moe_layers > 0), name
+
+
+# Published (total, active) parameters, billions. Vendors count "active" two ways: with the
+# embedding table (Qwen, Mistral, DeepSeek) or without it (OpenAI: the LM head only); an import
+# must match one of them.
+PUBLISHED = {"deepseek-v3": (671, 37), "qwen3-30b-a3b": (30.5, 3.3), "qwen3-235b-a22b": (235, 22),
+             "gpt-oss-120b": (117, 5.1), "mixtral-8x7b": (46.7, 12.9)}
+
+
+@pytest.mark.parametrize("name", PUBLISHED)
+def test_totals_are_the_published_counts(name):
+    s = shape(name)
+    total, active = PUBLISHED[name]
+    assert abs(s.total / 1e9 / total - 1) < 0.03
+    with_embedding = s.active_with_head + s.vocab * s.hidden
+    assert min(abs(s.active_with_head / 1e9 / active - 1), abs(with_embedding / 1e9 / active - 1)) < 0.03
+
+
+def test_shapes_are_the_files():
+    q = Config().with_values({"model.preset": "qwen3-30b-a3b"}).model
+    assert (q.n_layers, q.hidden, q.heads, q.kv_heads, q.head_dim, q.vocab) == (48, 2048, 32, 4, 128, 151936)
+    assert (q.experts, q.experts_per_token, q.moe_layers, q.attn_dim) == (128, 8, 48, 4096)
+    d = Config().with_values({"model.preset": "deepseek-v3"}).model
+    assert (d.n_layers, d.kv_lora_rank, d.qk_rope_head_dim, d.experts, d.experts_per_token, d.moe_layers) == \
+        (61, 512, 64, 256, 8, 58)  # the first 3 layers are dense
+    assert d.attn_dim == 128 * (2 * 512 + 64) // 2 and d.kv_bytes_per_token == 61 * (512 + 64) * 2
+    assert (d.dtype, d.kv_dtype) == ("fp8", "bf16")
+
+
+def test_sizes_agree_with_a_derivation_written_again():
+    """Llama-3.1-8B and DeepSeek-V3 counted here from their files' fields, by hand."""
+    cfg = json.load(open(MODELS["llama-3.1-8b"]))
+    h, inter, layers, vocab = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
+    kv = cfg["num_key_value_heads"] * 128
+    linear = layers * (2 * h * h + 2 * h * kv + 3 * h * inter)
+    m = Config().with_values({"model.preset": "llama-3.1-8b"}).model
+    assert m.weight_gb == pytest.approx((linear + 2 * vocab * h) * 2 / 1e9, rel=0.02)
+    assert m.params_b == pytest.approx(linear / 1e9, rel=0.02)
+    assert m.kv_bytes_per_token == 2 * layers * kv * 2
+
+    cfg = json.load(open(MODELS["deepseek-v3"]))
+    h, heads = cfg["hidden_size"], cfg["num_attention_heads"]
+    attention = (h * 1536 + 1536 * heads * 192 + h * 576 + 512 * heads * 256 + heads * 128 * h)
+    expert = 3 * h * cfg["moe_intermediate_size"]
+    linear = 61 * attention + 3 * 3 * h * cfg["intermediate_size"] + 58 * 257 * expert
+    d = Config().with_values({"model.preset": "deepseek-v3"}).model
+    assert d.weight_gb == pytest.approx((linear * 1 + 2 * cfg["vocab_size"] * h * 2) / 1e9, rel=0.02)  # fp8
+    assert d.expert_gb == pytest.approx(expert / 1e9, rel=1e-9)
+    assert d.params_b == pytest.approx((61 * attention + 9 * h * cfg["intermediate_size"] + 58 * 9 * expert) / 1e9,
+                                       rel=0.02)
+
+
+@pytest.mark.parametrize("name, dtype, kv_dtype", [
+    ("qwen3-32b-fp8", "fp8", "bf16"), ("gpt-oss-120b", "fp4", "bf16"), ("qwen3-235b-a22b-nvfp4", "fp4", "fp8"),
+    ("llama-3.1-70b-fp8", "fp8", "fp8"), ("llama-4-scout-fp8", "fp8", "bf16"), ("qwen3.5-122b-a10b-nvfp4", "fp4", "fp8"),
+    ("qwen3-32b", "bf16", "bf16")])
+def test_the_quantization_config_sets_the_precision(name, dtype, kv_dtype):
+    assert (shape(name).dtype, shape(name).kv_dtype) == (dtype, kv_dtype)
+
+
+def test_a_precision_set_on_a_preset_resizes_it():
+    bf16 = Config().with_values({"model.preset": "qwen3-32b"}).model
+    fp8 = Config().with_values({"model.preset": "qwen3-32b", "model.dtype": "fp8", "model.kv_dtype": "fp8"}).model
+    embeddings = 2 * bf16.vocab * bf16.hidden * 2 / 1e9  # stay bf16
+    assert fp8.weight_gb - embeddings == pytest.approx((bf16.weight_gb - embeddings) / 2, rel=1e-3)
+    assert fp8.kv_bytes_per_token == bf16.kv_bytes_per_token / 2
+    fp4 = Config().with_values({"model.preset": "qwen3-30b-a3b", "model.dtype": "fp4"}).model
+    assert fp4.expert_gb == pytest.approx(3 * 2048 * 768 * 0.5625 / 1e9)
+    explicit = Config().with_values({"model.preset": "qwen3-32b", "model.dtype": "fp8", "model.weight_gb": 40}).model
+    assert explicit.weight_gb == 40  # explicit keys win
+
+
+@pytest.mark.parametrize("name, what", [("gpt-oss-120b", "sliding-window attention (128 tokens)"),
+                                        ("llama-4-scout", "chunked attention (8192 tokens)"),
+                                        ("qwen3.5-35b-a3b", "linear attention (30 layers)"),
+                                        ("deepseek-v3.2", "sparse attention")])
+def test_what_is_not_full_attention_is_said_once_on_stderr(tmp_path, root, name, what):
+    folder = tmp_path / name  # a copy: the notice comes with a file's first import in a process
+    folder.mkdir()
+    (folder / "config.json").write_bytes(open(MODELS[name], "rb").read())
+    from fastsim.cli import common
+
+    with warnings.catch_warnings():  # as the command line shows them (pytest records warnings instead)
+        warnings.simplefilter("default", hf_config.Approximation)
+        warnings.showwarning = common._show_warning
+        result = CliRunner().invoke(app, ["run", str(root / "configs/h100.yaml"), "--set",
+                                          f"model.config_json={folder}/config.json", "--set", "workload.n_requests=20",
+                                          "--set", "hardware.preset=b200", "--set", "engine.tp=8"])
+    assert result.exit_code == 0, result.output
+    notices = [line for line in result.stderr.splitlines() if line.startswith("notice: ")]
+    assert len(notices) == 1 and what in notices[0] and "imported as full attention" in notices[0]
+
+
+def test_an_unknown_architecture_names_the_file_and_the_supported_ones(tmp_path, root):
+    path = tmp_path / "config.json"
+    path.write_text('{"architectures": ["Qwen9ForCausalLM"], "hidden_size": 8}')
+    result = CliRunner().invoke(app, ["run", str(root / "configs/h100.yaml"), "--set", f"model.config_json={path}"])
+    assert result.exit_code == 2
+    assert f"model.config_json: {path}: architecture 'Qwen9ForCausalLM' is not supported (supported: " \
+           "LlamaForCausalLM" in result.stderr
+
+
+def test_config_json_is_relative_to_its_file_and_replaces_the_preset(tmp_path, root):
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "config.json").write_bytes(open(MODELS["qwen3-8b"], "rb").read())
+    (tmp_path / "mine.yaml").write_text(f"extends: {root / 'configs/h100.yaml'}\nmodel:\n  config_json: models/config.json\n")
+    from fastsim import load_config
+
+    c = load_config(tmp_path / "mine.yaml")  # h100.yaml names a preset: this file's config.json replaces it
+    assert c.model.preset is None and c.model.n_layers == 36
+    back = load_config(tmp_path / "mine.yaml", {"model.preset": "llama-3.1-8b"})
+    assert back.model.config_json is None and back.model.n_layers == 32
+    same = Config().with_values({"model.preset": "qwen3-8b"}).model
+    assert c.model.model_dump(exclude={"preset", "config_json"}) == same.model_dump(exclude={"preset", "config_json"})
+
+
+def test_the_kv_cache_per_gpu_follows_vllms_sharding():
+    """Llama-3.1-70B (8 KV heads) at tp 4, 8 and 16; DeepSeek-V3's latent at tp 8; an FP8 cache."""
+    base = Config().with_values({"hardware.preset": "h100-sxm", "model.preset": "llama-3.1-70b"})
+    head = 80 * 2 * 128 * 2  # one KV head of every layer, bf16
+    for tp, heads_per_gpu in ((4, 2), (8, 1), (16, 1)):
+        c = base.with_values({"engine.tp": tp})
+        assert kv_bytes_per_gpu(c) == heads_per_gpu * head
+        tokens = math.floor((80 * 0.9 - 2 - c.model.weight_gb / tp) * 1e9 / (heads_per_gpu * head))
+        assert abs(kv_blocks(c) - tokens // 16) <= 1  # (tp 4 splits evenly: the whole-group rule)
+    d = Config().with_values({"hardware.preset": "h200", "model.preset": "deepseek-v3", "engine.tp": 8})
+    latent = 61 * (512 + 64) * 2
+    assert kv_bytes_per_gpu(d) == latent  # whole on every GPU
+    assert kv_blocks(d) == math.floor((141 * 0.9 - 2 - d.model.weight_gb / 8) * 1e9 / latent) // 16
+    fp8 = base.with_values({"engine.tp": 8, "model.kv_dtype": "fp8"})
+    assert kv_bytes_per_gpu(fp8) == head / 2
+    assert kv_blocks(fp8) == math.floor((80 * 0.9 - 2 - fp8.model.weight_gb / 8) * 1e9 / (head / 2)) // 16
