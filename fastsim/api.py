@@ -30,7 +30,7 @@ from .analysis.catalog import METRICS  # noqa: F401
 from .analysis.compare import compare, describe_change  # noqa: F401
 from .analysis.measured import describe as describe_run  # noqa: F401
 from .analysis.plot import figure as plot  # noqa: F401
-from .bench import BenchCheckFailed, bench, cold_start, sweep_overhead, traffic_costs  # noqa: F401
+from .bench import BenchCheckFailed, bench, cold_start, import_costs, sweep_overhead, traffic_costs  # noqa: F401
 from .model.keys import config_keys, default_text, reference_markdown  # noqa: F401
 from .model.loading import parse_override  # noqa: F401
 from .model.hf_config import Approximation, read as model_shape  # noqa: F401

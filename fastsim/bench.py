@@ -10,6 +10,7 @@ figure is reported.
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,6 +18,8 @@ import numpy as np
 from .analysis.simulation import measure
 from .engine import fleet, kernels
 from .engine.traffic import generate
+from .model import hf_config
+from .model.presets import MODELS
 from .model.schema import POLICIES, Config
 
 
@@ -82,6 +85,8 @@ SERVING = {
     "slo.tpot_s": 0.05,
 }
 SERVING_RATES = (2.0, 8.0, 24.0)  # light to moderate load (saturation is near 45/s): where most steps are bare
+# A mixture of experts on the same engine: Qwen3-30B-A3B (128 experts, 8 a token) on one H100.
+MOE = ("moe (qwen3-30b-a3b)", {"model.preset": "qwen3-30b-a3b"}, 24.0)
 # Fleets of it: 8 GPUs at 12 requests/s each, as 8 replicas behind two routers or as 2 prefill + 6 decode.
 FLEET_RATE = 96.0
 FLEETS = (
@@ -132,6 +137,9 @@ def bench(
     for rate in serving_rates:
         config = Config().with_values({**SERVING, "workload.rate": rate, "workload.n_requests": n_requests})
         _case("serving (h100)", config, repeats, n_requests, rows, cache)
+    model, values, rate = MOE
+    _case(model, Config().with_values({**SERVING, **values, "workload.rate": rate, "workload.n_requests": n_requests}),
+          repeats, n_requests, rows, cache)
     if fleets:
         for model, values in FLEETS:
             config = Config().with_values({**SERVING, **values, "workload.rate": FLEET_RATE,
@@ -145,6 +153,24 @@ TRAFFIC_SHAPES = {
     "lognormal prompts, gamma arrivals (burstiness 0.5)": {
         "workload.prompt.dist": "lognormal", "workload.arrival": "gamma", "workload.burstiness": 0.5},
 }
+
+
+def import_costs(repeats: int = 5) -> dict[str, float]:
+    """Seconds to import each shipped model preset: read and parse its config.json, count its
+    parameters and validate the config that names it (the fastest of ``repeats``, each from the
+    file: the process's cache cleared)."""
+    costs = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", hf_config.Approximation)
+        for name in MODELS:
+            best = float("inf")
+            for _ in range(repeats):
+                hf_config.read.cache_clear()
+                t0 = time.perf_counter()
+                Config().with_values({"model.preset": name})
+                best = min(best, time.perf_counter() - t0)
+            costs[name] = best
+    return costs
 
 
 def traffic_costs(n_requests: int = 1_000_000, repeats: int = 3) -> dict[str, float]:

@@ -86,7 +86,7 @@ def bench(
     cold: Annotated[bool, typer.Option(help="Also time a first run from an empty Numba cache (~15 s).")] = True,
 ) -> None:
     """Measure the simulator's own speed: simulated requests/s per policy, rate and fleet, one core."""
-    from ..api import BenchCheckFailed, Config, check_memory, cold_start, sweep_overhead, traffic_costs
+    from ..api import BenchCheckFailed, Config, check_memory, cold_start, import_costs, sweep_overhead, traffic_costs
     from ..api import bench as run_bench
 
     with user_errors():
@@ -106,6 +106,11 @@ def bench(
     )
     out.print("first call = JIT compile or cache load (excluded from the rest); end-to-end adds traffic generation and "
               "metrics; every run checked (all done, tokens conserved).")
+    imports = import_costs()
+    slowest = max(imports, key=imports.get)
+    out.print(f"model import: {len(imports)} shipped config.json presets, median "
+              f"{sorted(imports.values())[len(imports) // 2] * 1e3:.1f} ms, slowest {imports[slowest] * 1e3:.1f} ms "
+              f"({slowest}); read, counted and validated")
     for name, seconds in traffic_costs(n, repeats).items():
         out.print(f"traffic generation, {name}: {seconds * 1e9:.0f} ns/request")
     o = sweep_overhead(sweep_points)

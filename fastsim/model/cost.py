@@ -55,7 +55,9 @@ def coefficients(config: Config) -> np.ndarray:
     k[T_WEIGHTS] = m.weight_gb * 1e9 / bandwidth
     if m.experts:  # routed experts no token of a step picks are not read: (1 - k/E)^N of them
         k[T_EXPERTS] = m.moe_layers * m.experts * m.expert_gb * 1e9 / bandwidth
-        k[UNPICKED] = 1 - m.experts_per_token / m.experts
+        # ln(1 - k/E): the share unread is exp(N ln(1 - k/E)), one call (an integer power inlines a
+        # loop into every kernel that slowed steps without experts too); -inf when every expert is picked
+        k[UNPICKED] = math.log1p(-m.experts_per_token / m.experts) if m.experts_per_token < m.experts else -math.inf
     # each GPU reads the KV of the heads it holds (:func:`kv_bytes_per_gpu`)
     k[T_KV] = m.kv_bytes_per_token / bandwidth if not replicated(config) else kv_bytes_per_gpu(config) / (bandwidth / e.tp)
     if hw.peak_tflops is not None and m.params_b is not None:
@@ -93,14 +95,28 @@ COEFFICIENT_KEYS = {
 
 
 @inline
+def weights_time(k, n_tokens):
+    """Seconds to read the weights a step of ``n_tokens`` tokens uses: all of them, less a
+    mixture of experts' routed experts that no token picks."""
+    if k[8] != 0.0:
+        return k[1] - k[8] * math.exp(k[9] * n_tokens)
+    return k[1]
+
+
+@inline
+def step_time_with(k, weights, n_tokens, kv_tokens, pairs, sampled):
+    """:func:`step_time` given :func:`weights_time` (a loop over steps of one N computes it once:
+    the power in every step of a bare loop cost a third of the kernel's time)."""
+    memory = weights + k[2] * kv_tokens
+    compute = k[3] * n_tokens + k[4] * pairs + k[7] * sampled
+    return k[0] + max(memory, compute) + (k[5] + k[6] * n_tokens)
+
+
+@inline
 def step_time(k, n_tokens, kv_tokens, pairs, sampled):
     """Seconds one step takes (see the module docstring); ``k`` from :func:`coefficients`;
     ``sampled``: the rows that emit a token (the LM head runs on them)."""
-    memory = k[1] + k[2] * kv_tokens
-    if k[8] != 0.0:  # a mixture of experts: the routed experts no token picks are not read
-        memory -= k[8] * k[9] ** n_tokens
-    compute = k[3] * n_tokens + k[4] * pairs + k[7] * sampled
-    return k[0] + max(memory, compute) + (k[5] + k[6] * n_tokens)
+    return step_time_with(k, weights_time(k, n_tokens), n_tokens, kv_tokens, pairs, sampled)
 
 
 def is_lesson(config: Config, k: np.ndarray | None = None) -> bool:

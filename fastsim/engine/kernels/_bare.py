@@ -129,7 +129,7 @@ def timed(k, d, kv0, now, until, shortest, m):
     fixed = k[0] + (k[5] + k[6] * n)
     mem0 = k[1] + k[2] * kv0
     if k[8] != 0.0:  # the routed experts no decoder picks are not read (as :func:`step_time`)
-        mem0 -= k[8] * k[9] ** d
+        mem0 -= k[8] * math.exp(k[9] * d)
     mem_slope = k[2] * n
     cmp0 = k[3] * n + k[4] * kv0 + k[7] * n
     cmp_slope = k[4] * n

@@ -41,7 +41,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..._jit import jit, largest
-from ...model.cost import step_time
+from ...model.cost import step_time, step_time_with, weights_time
 from ..router import choose
 from ._bare import blocks_last, blocks_taken, mark, next_filled, occupancy, timed
 from ._calendar import LOW, RING_MAX, extend_run, record
@@ -218,18 +218,21 @@ def continuous(arrival, prompt, output, replicas, code, routes, limit, k, budget
                     free -= bcount[rep, steps % bt] + pneed
                     if partial >= 0:
                         held[partial] += pneed
+                sampled = n_dec  # rows that emit a token: every decoder, and prefills that complete
                 if partial >= 0:
                     rows_i[0] = partial
                     rows_c[0] = c[partial]
                     rows_n[0] = ptake
                     nrows = 1
                     left -= ptake
+                    sampled += ptake == prompt[partial] + g[partial] - c[partial]
                 # 2. admission, only when nobody was preempted; the head of the queue blocks it
                 if not preempted:
                     while running < limit and left > 0 and nwait > 0:
                         i = ptop if npre > 0 else qfirst
                         ci = max(c[i], cached)  # a warm prefix, or a prompt whose KV arrived whole
-                        take = min(prompt[i] + g[i] - ci, left)
+                        todo = prompt[i] + g[i] - ci
+                        take = min(todo, left)
                         if limited:
                             need = cdiv(prompt[i] + o_max, bt) - pb if reserve else cdiv(ci + take, bt) - pb
                             if need > free:
@@ -258,6 +261,7 @@ def continuous(arrival, prompt, output, replicas, code, routes, limit, k, budget
                         rows_n[nrows] = take
                         nrows += 1
                         left -= take
+                        sampled += take == todo
                 max_queue = max(max_queue, nwait)
                 if nrows == 0 and n_dec == 0:
                     if running == 0 and nwait == 0:
@@ -269,12 +273,10 @@ def continuous(arrival, prompt, output, replicas, code, routes, limit, k, budget
                 n_tok = n_dec
                 kv_tok = sum_c + n_dec
                 pairs = sum_c + n_dec
-                sampled = n_dec  # rows that emit a token: every decoder, and prefills that complete
                 for r in range(nrows):
                     n_tok += rows_n[r]
                     kv_tok += rows_c[r] + rows_n[r]
                     pairs += rows_n[r] * (2 * rows_c[r] + rows_n[r] + 1) // 2
-                    sampled += rows_c[r] + rows_n[r] == prompt[rows_i[r]] + g[rows_i[r]]
                 if limited:
                     used = blocks - free
                     kv_sum += used
@@ -357,6 +359,7 @@ def continuous(arrival, prompt, output, replicas, code, routes, limit, k, budget
                 phase_now = steps % bt
                 used = blocks - free if limited else 0  # only grows here: its peak is its last value
                 far = steps + STEPPED  # past it, the rest of a long run in closed form
+                weights = weights_time(k, n_dec)
                 while True:
                     while now < until:
                         if head < timed_end and arrival[head] <= now:
@@ -376,7 +379,7 @@ def continuous(arrival, prompt, output, replicas, code, routes, limit, k, budget
                             used += need
                             phase_now = phase_now + 1 if phase_now + 1 < bt else 0
                         kv_sum += used
-                        now += step_time(k, n_dec, sum_c + n_dec, sum_c + n_dec, n_dec)
+                        now += step_time_with(k, weights, n_dec, sum_c + n_dec, sum_c + n_dec, n_dec)
                         steps += 1
                         busy += n_dec
                         sum_c += n_dec

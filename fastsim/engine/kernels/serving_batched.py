@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..._jit import jit, largest
-from ...model.cost import step_time
+from ...model.cost import step_time, step_time_with, weights_time
 from ._calendar import RING_MAX, due_now, file, record
 from ._running import cdiv
 
@@ -123,13 +123,14 @@ def batched(arrival, prompt, output, limit, window, k, blocks, bt, pb, o_max, fi
             i = link[i]
         if active > 0:  # nobody is admitted while a batch runs: bare steps until a completion
             ctx0, steps0 = ctx, steps
+            weights = weights_time(k, rows)
             while True:
                 while head < n and arrival[head] <= now:
                     head += 1
                 nxt = cursor + 1 if cursor + 1 < ring else 0
                 if bucket[nxt] >= 0:
                     break
-                now += step_time(k, rows, ctx, ctx, active)
+                now += step_time_with(k, weights, rows, ctx, ctx, active)
                 steps += 1
                 ctx += active
                 busy += active
