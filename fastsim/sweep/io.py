@@ -59,6 +59,8 @@ class Layout:
                 for name, (_, values, _) in self.coords.items():
                     nc.createDimension(name, values.size)
                 for name, (dims, values, attrs) in (*self.coords.items(), *self.data.items()):
+                    if values.dtype == bool:  # netCDF has no booleans: int8 that xarray reads back as bool
+                        values, attrs = values.astype("i1"), {**attrs, "dtype": "bool"}
                     kind = str if values.dtype.kind in "UO" else values.dtype
                     compress = name in self.data and values.ndim > 0
                     var = nc.createVariable(name, kind, dims, zlib=compress, complevel=4, shuffle=compress)
@@ -105,7 +107,7 @@ def _coordinate(values: Sequence[Any]) -> np.ndarray:
 
 
 def dims(grid: Grid) -> tuple[str, ...]:
-    """The dataset dimension of each axis: its key's last component."""
+    """The dataset dimension of each axis (:func:`fastsim.model.schema.dim_name`)."""
     return tuple(dim_name(key) for key in grid.keys)
 
 

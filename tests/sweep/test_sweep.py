@@ -65,6 +65,25 @@ def test_dataset_is_labelled(small, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["res.nc", "small.yaml"]  # nothing else left
 
 
+def test_models_gpus_and_a_boolean_axis_sweep_together(tmp_path, root):
+    """hardware.preset and model.preset are the dims hardware and model; a true/false axis is
+    written (netCDF has no booleans) and read back as booleans."""
+    path = tmp_path / "moe.yaml"
+    path.write_text(f"extends: {root / 'configs/h100.yaml'}\nworkload: {{n_requests: 200}}\nengine: {{tp: 2}}\n"
+                    "model: {preset: qwen3-30b-a3b}\nsweep:\n  hardware.preset: [h100-sxm, b200]\n"
+                    "  model.preset: [qwen3-30b-a3b, mixtral-8x7b]\n  engine.expert_parallel: [false, true]\n")
+    out = tmp_path / "moe.nc"
+    result = sweep_cli(path, "--workers", "1", "--out", out)
+    assert result.exit_code == 0, result.output
+    with xr.open_dataset(out) as ds:
+        assert list(ds.throughput_tok_s.dims) == ["hardware", "model", "expert_parallel"]
+        assert ds.expert_parallel.dtype == bool and ds.expert_parallel.values.tolist() == [False, True]
+        point = ds.sel(hardware="b200", model="mixtral-8x7b", expert_parallel=True)
+        one = fastsim.simulate(load_config(path, {"hardware.preset": "b200", "model.preset": "mixtral-8x7b",
+                                                  "engine.expert_parallel": True}))
+        assert float(point.ttft_p99_s) == one.metrics["ttft_p99_s"]
+
+
 def test_every_point_equals_fastsim_run(small, tmp_path):
     ds = fastsim.sweep(load_config(small), workers=1)
     for policy, batch, rate, cap in [("static", 16, 8, None), ("continuous", 64, 40, 8), ("dynamic", 64, 40, None)]:
