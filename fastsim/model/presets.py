@@ -54,33 +54,39 @@ HARDWARE: dict[str, dict[str, float | None]] = {
 }
 
 DATASHEETS: dict[str, str] = {
-    "h100-sxm": "NVIDIA H100 Tensor Core GPU Datasheet, H100 SXM (2023-2024): BF16 1,979 TFLOPS with sparsity, "
+    "h100-sxm": "NVIDIA H100 Tensor Core GPU Datasheet, H100 SXM (2023-2024): BF16 1,979 and FP8 3,958 TFLOPS with sparsity, "
                 "3.35 TB/s, 80 GB, NVLink 900 GB/s",
-    "h200": "NVIDIA H200 product page/datasheet, H200 SXM (2024): BF16 1,979 TFLOPS with sparsity, 4.8 TB/s, 141 GB, "
-            "NVLink 900 GB/s",
+    "h200": "NVIDIA H200 product page/datasheet, H200 SXM (2024): BF16 1,979 and FP8 3,958 TFLOPS with sparsity, 4.8 TB/s, "
+            "141 GB, NVLink 900 GB/s",
     "a100-80gb": "NVIDIA A100 Tensor Core GPU Datasheet (June 2021), A100 80GB SXM: BF16 312 TFLOPS, 2,039 GB/s, "
                  "NVLink 600 GB/s",
-    "b200": "NVIDIA HGX platform page, HGX B200, and DGX B200 Datasheet (2024): BF16 36 PF with sparsity per 8 GPUs, "
-            "1,440 GB and 64 TB/s per 8 GPUs; 8.0 TB/s also in Vultr's HGX B200 docs (2026-03)",
-    "l40s": "NVIDIA L40S Datasheet (2023): BF16 362.05 TFLOPS, 864 GB/s, 48 GB, PCIe Gen4 x16 64 GB/s",
-    "mi300x": "AMD Instinct MI300X Data Sheet (Dec 2023): BF16 1,307.4 TFLOPS, 5.3 TB/s, 192 GB, Infinity Fabric "
-              "896 GB/s",
+    "b200": "NVIDIA HGX platform page, HGX B200, and DGX B200 Datasheet (2024): BF16 36, FP8 72, FP4 "
+            "72 PF dense per 8 GPUs, 1,440 GB and 64 TB/s per 8 GPUs; 8.0 TB/s also in Vultr's HGX B200 docs (2026-03)",
+    "l40s": "NVIDIA L40S Datasheet (2023): BF16 362.05 and FP8 733 TFLOPS, 864 GB/s, 48 GB, PCIe Gen4 x16 64 GB/s",
+    "mi300x": "AMD Instinct MI300X Data Sheet (Dec 2023): BF16 1,307.4 and FP8 2,614.9 TFLOPS, 5.3 TB/s, 192 GB, Infinity "
+              "Fabric 896 GB/s",
     "h100-pcie": "NVIDIA H100 Datasheet (2022) and H100 PCIe Product Brief PB-11133-001_v02 (Nov 2022): BF16 1,513 "
-                 "TFLOPS with sparsity, 2 TB/s, 80 GB, PCIe Gen5 128 GB/s",
-    "b300": "NVIDIA HGX platform page, HGX B300 (2025): BF16 36 PF with sparsity per 8 GPUs, 288 GB and 8 TB/s per "
-            "GPU, NVLink 1.8 TB/s",
-    "gb200": "NVIDIA GB200 NVL72 page (2024-2025): BF16 360 PF with sparsity and 576 TB/s per 72 GPUs, 13.4 TB HBM3e, "
+                 "and FP8 3,026 TFLOPS with sparsity, 2 TB/s, 80 GB, PCIe Gen5 128 GB/s",
+    "b300": "NVIDIA HGX platform page, HGX B300 (2025): BF16 36 and FP8 72 PF with sparsity, FP4 105 PF dense, per 8 "
+            "GPUs; 288 GB and 8 TB/s per GPU, NVLink 1.8 TB/s",
+    "gb200": "NVIDIA GB200 NVL72 page (2024-2025): BF16 360, FP8 720, FP4 1,440 PF with sparsity and 576 TB/s per 72 GPUs, 13.4 TB HBM3e, "
              "NVLink 130 TB/s",
     "a100-40gb": "NVIDIA A100 Datasheet (2020 revision), A100 40GB SXM: BF16 312 TFLOPS, 1,555 GB/s, NVLink 600 GB/s",
-    "l4": "NVIDIA L4 Tensor Core GPU Datasheet (2023): BF16 242 TFLOPS with sparsity, 300 GB/s, 24 GB, PCIe Gen4",
+    "l4": "NVIDIA L4 Tensor Core GPU Datasheet (2023): BF16 242 and FP8 485 TFLOPS with sparsity, 300 GB/s, 24 GB, "
+          "PCIe Gen4",
     "rtx-pro-6000": "NVIDIA RTX PRO 6000 Blackwell Server Edition page (2025): 96 GB GDDR7, 1,597 GB/s, PCIe Gen5; "
-                    "BF16 not printed: derived from 4,000 FP4 TOPS with sparsity (uncertain)",
-    "mi325x": "AMD Instinct MI325X product page (Oct 2024): BF16 1,307.4 TFLOPS, 6 TB/s, 256 GB",
-    "mi355x": "AMD Instinct MI355X product page (June 2025): BF16 2.5 PF, 8 TB/s, 288 GB; Infinity Fabric 1,075.2 "
+                    "BF16 and FP8 not printed: derived from 4,000 FP4 TOPS with sparsity (uncertain)",
+    "mi325x": "AMD Instinct MI325X product page (Oct 2024): BF16 1,307.4 and FP8 2,614.9 TFLOPS, 6 TB/s, 256 GB",
+    "mi355x": "AMD Instinct MI355X product page (June 2025): BF16 2.5, FP8 5.0, FP4 10.1 PF dense, 8 TB/s, 288 GB; Infinity Fabric 1,075.2 "
               "GB/s (uncertain)",
 }
-"""Where each hardware preset's figures come from: dense BF16 is half a with-sparsity figure
-where the vendor prints only that; per-direction links are half a bidirectional total."""
+"""Where each hardware preset's figures come from: dense is half a with-sparsity figure where the
+vendor prints only that; per-direction links are half a bidirectional total. FP8 and FP4 peaks
+follow the same sources (FP4 only on Blackwell and CDNA 4). Checked against a second source:
+B200's 8 TB/s and dense 2,250 / 4,500 / 9,000 TFLOPS BF16 / FP8 / FP4 (Vultr's HGX B200 docs,
+2026-03; glennklockwood.com's B200 page); MI355X's 8 TB/s, 288 GB and 10 PF dense FP4 (several
+vendor summaries). Still uncertain: MI355X's Infinity Fabric per direction, and the RTX PRO
+6000's tensor rates, derived from one marketing figure."""
 
 PRICE_SOURCES: dict[str, str] = {
     # NVIDIA parts: RunPod Secure Cloud on-demand list (per GPU, SXM where there is a choice)
