@@ -46,11 +46,11 @@ def oracle_engine(c: Config, prefill: bool = False) -> oracle_serving.Engine:
                                  "max_batched_tokens": f.prefill_max_batched_tokens or e.max_batched_tokens})
     overhead = cal.step_overhead_ms / 1e3 + (cal.layer_overhead_us * 1e-6 * m.n_layers if m.n_layers else 0.0)
     # KV heads split over the tp GPUs, each GPU holding ceil(kv_heads / tp) of them (replicated when
-    # tp exceeds them); MLA's latent whole on every GPU; without kv_heads, an even split
+    # tp exceeds them), and its memory holding whole tokens; MLA's latent whole on every GPU; without
+    # kv_heads, an even split of the group's memory
     mla = m.kv_lora_rank > 0
-    replicated = e.tp > 1 and (mla or m.kv_heads is not None and e.tp > m.kv_heads)
     kv_gpu = (m.kv_bytes_per_token if mla else m.kv_bytes_per_token * math.ceil(m.kv_heads / e.tp) / m.kv_heads
-              if replicated else m.kv_bytes_per_token / e.tp)
+              if m.kv_heads is not None else m.kv_bytes_per_token / e.tp)
     peak = {"bf16": hw.peak_tflops, "fp8": hw.peak_tflops_fp8, "fp4": hw.peak_tflops_fp4}[m.dtype] or hw.peak_tflops
     free = hw.peak_tflops is None or m.params_b is None
     comm_fixed = comm_token = 0.0
@@ -76,7 +76,7 @@ def oracle_engine(c: Config, prefill: bool = False) -> oracle_serving.Engine:
     gb = e.kv_cache_gb if e.kv_cache_gb is not None else (
         None if hw.mem_gb is None else e.tp * (hw.mem_gb * e.gpu_memory_utilization - e.reserved_gb) - m.weight_gb)
     blocks = None if gb is None else math.floor(gb * 1e9 / (e.block_tokens * m.kv_bytes_per_token))
-    if replicated and gb is not None:  # tokens one GPU holds, then whole blocks
+    if (m.kv_heads is not None or mla) and gb is not None:  # heads known: tokens one GPU holds, then whole blocks
         tokens = e.kv_cache_gb * 1e9 / (e.tp * kv_gpu) if e.kv_cache_gb is not None else (
             (hw.mem_gb * e.gpu_memory_utilization - e.reserved_gb - m.weight_gb / e.tp) * 1e9 / kv_gpu)
         blocks = math.floor(math.floor(tokens) / e.block_tokens)

@@ -18,7 +18,7 @@ from typing import Callable
 import numpy as np
 
 from ..model import fleet
-from ..model.cost import COEFFICIENT_KEYS, coefficients, kv_blocks, kv_capacity_gb
+from ..model.cost import COEFFICIENT_KEYS, UNPICKED, coefficients, kv_blocks, kv_capacity_gb
 from ..model.routers import ROUTERS
 from ..model.schema import Config, ConfigError
 from . import trace
@@ -99,6 +99,7 @@ def _steps_are_finite(config: Config, tokens: int, key: Callable[[str], str]) ->
     """Refuse a step cost that overflows or is beyond any planning horizon: one step of
     ``tokens`` tokens (the longest request) taking more than a year."""
     k = coefficients(config)
+    k[UNPICKED] = 0.0  # a log-share, not a time (-inf when every expert is picked)
     with np.errstate(over="ignore", invalid="ignore"):
         terms = k * np.array([1, 1, tokens, tokens, float(tokens) ** 2, 1, tokens, tokens, 0, 0])
     worst = int(np.argmax(np.where(np.isfinite(terms), terms, np.inf)))

@@ -167,7 +167,7 @@ def kv_blocks(config: Config) -> int | None:
     if capacity is None or per_block == 0:
         return None
     blocks = capacity * 1e9 / per_block
-    if replicated(config):  # the tokens one GPU holds, in whole blocks
+    if config.model.kv_heads is not None or config.model.kv_lora_rank > 0:  # the tokens one GPU holds, whole blocks
         hw, m, e = config.hardware, config.model, config.engine
         kv_gpu = kv_bytes_per_gpu(config)
         tokens = (e.kv_cache_gb * 1e9 / (e.tp * kv_gpu) if e.kv_cache_gb is not None else

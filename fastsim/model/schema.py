@@ -9,7 +9,7 @@ problem is raised as :class:`ConfigError`, whose message names the offending key
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Callable, ClassVar, Literal
+from typing import Annotated, Any, Callable, Literal
 
 from pydantic import (
     BaseModel,
@@ -19,7 +19,6 @@ from pydantic import (
     TypeAdapter,
     ValidationError,
     field_validator,
-    model_validator,
 )
 
 from .fields import ConfigError, Finite, Int, Section, _integral, doc  # ConfigError: imported from here by every layer
