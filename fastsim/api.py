@@ -271,17 +271,19 @@ def plan_to_file(
 
 def calibrate(config: Config, measured: list[str | Path], fit: list[str] | None = None, out: str | Path | None = None,
               on_read: Callable[[list], None] | None = None):
-    """Fit ``config``'s calibration (the keys ``fit``, default every one) to the runs of the
+    """Fit ``config``'s calibration (the keys ``fit``, default every one; the jitter's only when
+    some run measured a tail) to the runs of the
     ``measured`` files (:mod:`fastsim.analysis.measured`); write the fitted ``calibration:``
     section to ``out`` (YAML, atomically) when given. ``on_read(runs)`` is told the runs read,
     before the fit starts. Returns the :class:`~fastsim.analysis.calibrate.Fit`."""
     from .analysis import calibrate as fitting
     from .analysis.measured import read
 
-    keys = fitting.fit_keys(fit)
+    fitting.fit_keys(fit)  # a bad --fit is named before the files are read
     if out is not None:
         check_writable(out, "--out")
     runs = read([Path(m) for m in measured], config)
+    keys = fitting.fit_keys(fit, runs)
     if on_read is not None:
         on_read(runs)
     result = fitting.fit(runs, keys)

@@ -309,7 +309,7 @@ for name, names in [("measured_binary.csv", "UTF-8"), ("measured_utf16.csv", "UT
     case(f"calibrate-{name}", ["calibrate", H100, "{%s}" % name], names)
 for option, names in [(["--fit", "nope"], "nope"), (["--fit", ","], "--fit"),
                       (["--fit", "engine.max_batch"], "engine.max_batch"), (["--out", "{blocker}/x.yaml"], "blocker")]:
-    case(f"calibrate-option-{' '.join(option)}", ["calibrate", H100, "configs/calibration/vllm-h100.csv", *option],
+    case(f"calibrate-option-{' '.join(option)}", ["calibrate", H100, "configs/calibration/vllm-2026-02-h100.csv", *option],
          names)
 
 # --- datasets: compare and plot

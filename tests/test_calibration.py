@@ -52,19 +52,31 @@ def test_the_docs_table_is_todays_prediction(root, predicted):
 
 def test_mean_latencies_stay_within_the_stated_errors(predicted):
     ttft = sorted(abs(t / MEASURED[key][0] - 1) for key, (t, _, _, _) in predicted.items())
-    for key, (_, _, e2e, _) in predicted.items():
-        assert abs(e2e / MEASURED[key][2] - 1) <= 0.10, key
-    assert ttft[2] <= 0.30 and ttft[3] <= 0.50  # three of four within 30 %; the stalls of the fourth
+    for key, (_, _, e2e, _) in predicted.items():  # an earlier engine than the calibration's
+        assert abs(e2e / MEASURED[key][2] - 1) <= 0.20, key
+    assert ttft[2] <= 0.15 and ttft[3] <= 0.55  # three of four within 15 %; the stalls of the fourth
 
 
 def test_the_shipped_calibration_is_the_fit_of_the_open_data(root):
-    """configs/h100.yaml carries what `fastsim calibrate` fits to the measured runs: refitting
-    from it (the calibration config extends it) returns it (docs/validation.md, "Calibration")."""
+    """configs/h100.yaml carries what `fastsim calibrate` fits to the measured runs: refitting the
+    engine's values from it (the calibration config extends it) returns them, and no nearby
+    jitter is better by more than 3 % of the cost: the jitter's cost is rough and flat along a
+    ridge (docs/validation.md, "Calibration")."""
+    from fastsim.analysis.calibrate import JITTER, _cost, _Runs
+
     folder = root / "configs/calibration"
-    fit = fastsim.calibrate(fastsim.load_config(folder / "vllm-h100.yaml"), [folder / "vllm-h100.csv"])
+    engine = ["compute_efficiency", "bandwidth_efficiency", "step_overhead_ms", "layer_overhead_us", "api_overhead_ms"]
+    fit = fastsim.calibrate(fastsim.load_config(folder / "vllm-0.15-h100.yaml"), [folder / "vllm-0.15-h100.csv"],
+                            fit=engine)
     shipped = fastsim.load_config(root / "configs/h100.yaml").calibration.model_dump()
     for key, value in fit.after.items():
-        name = key.removeprefix("calibration.")
-        assert shipped[name] == pytest.approx(value, rel=2e-3, abs=0.01), name
+        assert shipped[key.removeprefix("calibration.")] == pytest.approx(value, rel=2e-3, abs=0.01), key
+    sims = _Runs(fit.runs)
+    values = {f"calibration.{k}": v for k, v in shipped.items() if k != "fitted_to"}
+    here = _cost(sims.residuals(values))
+    for name in JITTER:
+        for factor in (0.9, 1.1):
+            nearby = _cost(sims.residuals({**values, f"calibration.{name}": shipped[name] * factor}))
+            assert here <= nearby * 1.03, (name, factor)
     errors = fit.errors(fit.predicted_after)
     assert sorted(abs(e) for e in errors["e2e_mean_s"])[-1] < 0.10

@@ -47,7 +47,7 @@ def plan_file(tmp_path_factory):
 
 
 def test_calibrate_says_each_runs_settings_once_and_fits(root, tmp_path, width):
-    result = invoke("calibrate", root / "configs/calibration/vllm-h100.yaml", root / "configs/calibration/vllm-h100.csv",
+    result = invoke("calibrate", root / "configs/calibration/vllm-2026-02-h100.yaml", root / "configs/calibration/vllm-2026-02-h100.csv",
                     "--out", tmp_path / "c.yaml", "--fit", "api_overhead_ms")
     assert result.exit_code == 0, result.output
     _fits(result.stdout, width)

@@ -131,7 +131,7 @@ def metric_rows(configs: list[Config]) -> np.ndarray:
             workload, traffic = config.workload, generate(config.workload)
             tokens = traffic.tokens()
         n = len(traffic)
-        if pools.kind(config) != "one" or n > MAX_REQUESTS:
+        if pools.kind(config) != "one" or n > MAX_REQUESTS or config.calibration.stall_rate_hz:
             rows[r] = list(simulate(config, traffic, checked=True).metrics.values())  # checks its steps
             continue
         steps_fit(config, *tokens)

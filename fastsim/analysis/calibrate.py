@@ -18,6 +18,7 @@ so does a simulator whose times differ by rounding (see DIGITS).
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,8 +36,14 @@ BOUNDS: dict[str, tuple[float, float, float]] = {
     "step_overhead_ms": (0.0, 50.0, 1.0),
     "layer_overhead_us": (0.0, 500.0, 10.0),
     "api_overhead_ms": (0.0, 500.0, 10.0),
+    "stall_rate_hz": (0.0, 100.0, 1.0),
+    "stall_median_ms": (0.0, 500.0, 1.0),
+    "stall_sigma": (0.0, 3.0, 0.25),
 }
-assert set(BOUNDS) == set(Calibration.model_fields)
+assert set(BOUNDS) == set(Calibration.model_fields) - {"fitted_to"}
+JITTER = ("stall_rate_hz", "stall_median_ms", "stall_sigma")  # fitted by default when tails were measured
+JITTER_START = {"stall_rate_hz": 1.0, "stall_median_ms": 5.0, "stall_sigma": 1.0}  # a start for them if off
+TAILS = re.compile(r"_p(9\d|99)_s$")  # a measured 90th-99th percentile
 MISS = 5.0  # the residual of a metric the simulation cannot give (NaN), a factor of e**5 off
 ROUNDS = 4  # rounds of search at most, each from where the last stopped
 # Residuals are rounded to this many significant digits: the search compares costs that differ
@@ -89,10 +96,12 @@ class Fit:
         return out
 
 
-def fit_keys(names: list[str] | None) -> list[str]:
-    """The calibration keys to fit (dotted or bare names; default every one)."""
+def fit_keys(names: list[str] | None, runs: list[Measured] = ()) -> list[str]:
+    """The calibration keys to fit (dotted or bare names; default every one, the jitter's only
+    when some run measured a tail: a mean says nothing about them)."""
     if not names:
-        return [f"calibration.{k}" for k in BOUNDS]
+        tails = any(TAILS.search(name) for run in runs for name in run.metrics)
+        return [f"calibration.{k}" for k in BOUNDS if tails or k not in JITTER]
     keys = []
     for name in names:
         bare = name.strip().removeprefix("calibration.")
@@ -127,28 +136,22 @@ class _Runs:
         return np.array([float(f"{r:.{DIGITS}g}") for r in res])
 
 
-def fit(runs: list[Measured], keys: list[str]) -> Fit:
-    """The calibration that best predicts ``runs`` (see the module docstring)."""
+def _search(sims: _Runs, fixed: dict[str, float], keys: list[str], start: dict[str, float]) -> tuple[dict, float]:
+    """(values of ``keys``, cost): the local search from ``start``, the other values ``fixed``."""
     from scipy.optimize import least_squares, minimize
 
-    if not runs:
-        raise ConfigError("calibrate needs at least one measured run")
     names = [k.removeprefix("calibration.") for k in keys]
     lo = np.array([BOUNDS[n][0] for n in names])
     hi = np.array([BOUNDS[n][1] for n in names])
     scale = np.array([BOUNDS[n][2] for n in names])
-    start = runs[0].config.calibration
-    before = {k: float(getattr(start, n)) for k, n in zip(keys, names)}
-    sims = _Runs(runs)
 
     def values(u: np.ndarray) -> dict[str, float]:
-        return {k: float(v) for k, v in zip(keys, np.clip(u * scale, lo, hi))}
+        return {**fixed, **{k: float(v) for k, v in zip(keys, np.clip(u * scale, lo, hi))}}
 
     def cost(u: np.ndarray) -> float:
-        r = sims.residuals(values(u))
-        return float((2 * ROBUST ** 2 * (np.sqrt(1 + (r / ROBUST) ** 2) - 1)).sum())
+        return _cost(sims.residuals(values(u)))
 
-    best = np.clip(np.array(list(before.values())), lo, hi) / scale
+    best = np.clip(np.array([start[k] for k in keys]), lo, hi) / scale
     best_cost = cost(best)
     bounds = (lo / scale, hi / scale)
     for _ in range(ROUNDS):  # Powell, then trust-region steps over coarse differences, while they help
@@ -164,8 +167,45 @@ def fit(runs: list[Measured], keys: list[str]) -> Fit:
             best, best_cost = squares.x, squares_cost
         if not best_cost < start_cost * (1 - 1e-3):
             break
-    after = values(best)
-    return Fit(keys, before, after, runs, sims.predict(before), sims.predict(after), best_cost, sims.evaluations)
+    return values(best), best_cost
+
+
+def _cost(residuals: np.ndarray) -> float:
+    """The robust sum of squared log errors (soft L1 beyond ROBUST)."""
+    return float((2 * ROBUST ** 2 * (np.sqrt(1 + (residuals / ROBUST) ** 2) - 1)).sum())
+
+
+# Starts for the jitter's values (rate, median ms, sigma): their cost has several basins (many
+# short stalls or a few long ones give like tails), so the search starts from each of these and
+# from where it stands, and goes on from the best few.
+JITTER_GRID = [(rate, median, sigma) for rate in (1.0, 3.0, 10.0) for median in (3.0, 10.0, 30.0)
+               for sigma in (0.5, 1.0)]
+
+
+def fit(runs: list[Measured], keys: list[str]) -> Fit:
+    """The calibration that best predicts ``runs`` (see the module docstring). With the jitter's
+    values among ``keys``, twice: the engine's values with the jitter fixed, then the jitter's
+    from the best three of a grid of starts with the engine's fixed; then all of them together."""
+    if not runs:
+        raise ConfigError("calibrate needs at least one measured run")
+    start = runs[0].config.calibration
+    before = {k: float(getattr(start, k.removeprefix("calibration."))) for k in keys}
+    sims = _Runs(runs)
+    current = dict(before)
+    jitter = [k for k in keys if k.removeprefix("calibration.") in JITTER]
+    engine = [k for k in keys if k not in jitter]
+    if jitter and not start.stall_rate_hz:  # jitter off: the search starts from a few small stalls a second
+        current.update({k: JITTER_START[k.removeprefix("calibration.")] for k in jitter})
+    names = [k.removeprefix("calibration.") for k in jitter]
+    for _ in range(2 if jitter else 0):
+        if engine:
+            current, _ = _search(sims, current, engine, current)
+        starts = [current] + [{**current, **{k: dict(zip(JITTER, point))[n] for k, n in zip(jitter, names)}}
+                              for point in JITTER_GRID]
+        ranked = sorted(starts, key=lambda v: _cost(sims.residuals(v)))[:3]
+        current = min((_search(sims, current, jitter, v) for v in ranked), key=lambda found: found[1])[0]
+    after, cost = _search(sims, {}, keys, current)
+    return Fit(keys, before, after, runs, sims.predict(before), sims.predict(after), cost, sims.evaluations)
 
 
 def calibration_yaml(fit: Fit) -> str:
@@ -174,6 +214,9 @@ def calibration_yaml(fit: Fit) -> str:
 
     section = {**fit.runs[0].config.calibration.model_dump(), **{k.removeprefix("calibration."): round(v, 6)
                                                                   for k, v in fit.after.items()}}
+    if section["fitted_to"] is None:  # what it was fitted to, unless the config says (engine and version)
+        files = sorted({run.source.split(" row ")[0] for run in fit.runs})
+        section["fitted_to"] = f"{', '.join(files)} ({len(fit.runs)} runs)"
     header = ("# fitted by fastsim calibrate: robust least squares on log errors over "
               f"{sum(len(r.metrics) for r in fit.runs)} measurements of {len(fit.runs)} runs\n")
     return header + yaml.safe_dump({"calibration": section}, sort_keys=False)

@@ -10,8 +10,8 @@ Two formats:
   every request at once), ``burstiness`` (1: Poisson arrivals, else gamma), ``max_concurrency``,
   ``num_prompts``, ``input_lens`` and ``output_lens`` (the requests' lengths, in order) and the
   measured ``mean_``/``median_``/``pNN_`` of ``ttft_ms``, ``tpot_ms``, ``itl_ms`` and ``e2el_ms``;
-  hardware, model and engine come from the base config. Its central figures (means and medians)
-  are the ones calibrated against: the model has no jitter, so its tails are not fitted.
+  hardware, model and engine come from the base config. Its means, medians, p90s and p99s (those
+  fastsim reports) are calibrated against: the tails fit the engine's jitter.
 
 Every problem is a :class:`ConfigError` naming the file, and the row and column where there are.
 """
@@ -111,7 +111,7 @@ def _measurement(path: Path, line: int, column: str, text: str) -> float:
 
 # vLLM's statistic -> fastsim's, for each vLLM metric (ms) and fastsim prefix (s)
 VLLM_METRICS = {"ttft": "ttft", "tpot": "tpot", "itl": "itl", "e2el": "e2e"}
-CENTRAL = {"mean": "mean", "median": "p50"}
+STATS = {"mean": "mean", "median": "p50", "p90": "p90", "p99": "p99"}  # the tails fit the jitter
 
 
 def read_vllm_json(path: Path, config: Config) -> Measured:
@@ -145,7 +145,7 @@ def read_vllm_json(path: Path, config: Config) -> Measured:
         raise ConfigError(f"{path}: num_prompts {n}: no requests")
     measured = {}
     for vllm, ours in VLLM_METRICS.items():
-        for stat, q in CENTRAL.items():
+        for stat, q in STATS.items():
             value = data.get(f"{stat}_{vllm}_ms")
             name = f"{ours}_{q}_s"
             if value is not None and name in METRICS:

@@ -23,9 +23,8 @@ import numpy as np
 from ..model import fleet as pools
 from ..model.routers import ROUTERS
 from ..model.schema import Config
-from . import link, router
+from . import link, router, stalls
 from .kernels import FULL_COLUMNS, RUNS_PER_REQUEST, Counters, Outcome, Plan, Scratch, longest_output, outcome, run_engine, with_api
-from .kernels import run as run_one
 from .kernels.continuous import WORK_ROWS, continuous
 from .traffic import Traffic, routes
 
@@ -92,13 +91,17 @@ def run(config: Config, traffic: Traffic, scratch: Scratch | None = None) -> Out
     api = config.calibration.api_overhead_ms / 1000
     kind = pools.kind(config)
     plan = Plan.of(config, longest_output(config, traffic), prefix=kind != "disaggregated")
-    if kind == "one":
-        return run_one(config, traffic, plan, scratch)  # the single engine, to the bit
     arrival, prompt, output = traffic.arrival_s, traffic.prompt_tokens, traffic.output_tokens
+    if kind == "one":  # the single engine, to the bit
+        out = run_engine(plan, arrival, prompt, output, scratch)
+        stalls.apply(config, arrival, out.first_token_s, out.done_s, None)
+        return with_api(out, api)
     draws_of = ROUTERS[f.router].draws
     draws = routes(config.workload, n, f.replicas, 0) if draws_of else np.empty(n, np.int64)
     if kind != "disaggregated":  # replicas apart or a coupled pool: the router decides
-        return with_api(_pool(plan, f.router, f.replicas, arrival, prompt, output, draws, scratch), api)
+        out = _pool(plan, f.router, f.replicas, arrival, prompt, output, draws, scratch)
+        stalls.apply(config, arrival, out.first_token_s, out.done_s, out.replica)
+        return with_api(out, api)
     # the prefill pool: every prompt as a one-token request
     prefill = Plan.of(pools.prefill_config(config), 1)
     pre_draws = routes(config.workload, n, f.prefill_replicas, 1) if draws_of else draws
@@ -121,4 +124,5 @@ def run(config: Config, traffic: Traffic, scratch: Scratch | None = None) -> Out
                   pre.kv_block_steps + dec.kv_block_steps, pre.kv_capacity_steps + dec.kv_capacity_steps,
                   max((o.kv_peak_use for o in both if o.kv_capacity_steps), default=float("nan")), dec.runs,
                   np.concatenate([pre.gaps_s, dec.gaps_s]), dec.k, replica, pre.replica)
+    stalls.apply(config, arrival, out.first_token_s, out.done_s, replica, pre.replica)
     return with_api(out, api)

@@ -108,6 +108,14 @@ class Calibration(Section):
         "added to every step per model layer (kernel latencies that grow with depth)", "us"))
     api_overhead_ms: float = Field(0.0, ge=0, **Finite, **doc(
         "added to every token's time as the client sees it (HTTP, tokenising)", "ms"))
+    stall_rate_hz: float = Field(0.0, ge=0, le=1000, **Finite, **doc(
+        "jitter: how often each replica's engine stalls, at random instants (0: never, no jitter)", "1/s"))
+    stall_median_ms: float = Field(0.0, ge=0, le=10000, **Finite, **doc(
+        "jitter: the median length of a stall (log-normal)", "ms"))
+    stall_sigma: float = Field(0.0, ge=0, le=5, **Finite, **doc(
+        "jitter: the log-spread of a stall's length (0: every stall lasts the median)"))
+    fitted_to: str | None = Field(None, **doc(
+        "what the values were fitted to (engine and version, GPU, runs), as fastsim calibrate records it"))
 
 
 class Slo(Section):

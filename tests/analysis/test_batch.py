@@ -59,7 +59,7 @@ def test_groups_break_where_the_engine_objectives_or_kind_of_point_change(root):
 
 
 def test_points_the_loop_cannot_finish_are_simulated_alone(root, monkeypatch):
-    h100 = load_config(root / "configs/h100.yaml")
+    h100 = load_config(root / "configs/h100.yaml", {"calibration.stall_rate_hz": 0})  # jitter runs alone too
     # too many inter-token gaps to list: 300 requests of 400 tokens at a slow rate, ~120k steps
     long = h100.with_values({"workload.n_requests": 300, "workload.rate": 0.5, "workload.output.dist": "fixed",
                              "workload.output.value": 400})
@@ -73,3 +73,7 @@ def test_points_the_loop_cannot_finish_are_simulated_alone(root, monkeypatch):
     monkeypatch.setattr(batch, "RUNS_PER_REQUEST", 0)  # room for 64 step runs only: the runs overflow
     assert_same(batch.metric_rows(points), simulated(points))
     assert alone == points
+    alone.clear()
+    jitter = [p.at({"calibration.stall_rate_hz": 1.0}) for p in points]
+    assert_same(batch.metric_rows(jitter), simulated(jitter))
+    assert alone == jitter  # stalls are drawn after the kernel: not in the one-call loop

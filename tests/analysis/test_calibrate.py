@@ -14,18 +14,22 @@ from fastsim.cli import app
 
 from ..conftest import ROOT
 
-BASE = ROOT / "configs/calibration/vllm-h100.yaml"
+BASE = ROOT / "configs/calibration/vllm-2026-02-h100.yaml"
 TRUTH = {"calibration.compute_efficiency": 0.75, "calibration.bandwidth_efficiency": 0.8,
          "calibration.step_overhead_ms": 2.0, "calibration.layer_overhead_us": 25.0,
-         "calibration.api_overhead_ms": 8.0}
-FITTED = ("ttft_mean_s", "e2e_mean_s")
+         "calibration.api_overhead_ms": 8.0, "calibration.stall_rate_hz": 3.0, "calibration.stall_median_ms": 10.0,
+         "calibration.stall_sigma": 0.8}
+FITTED = ("ttft_mean_s", "e2e_mean_s", "ttft_p90_s", "e2e_p90_s", "ttft_p99_s", "e2e_p99_s")  # tails: the jitter
 
 
 def invoke(*args):
     return CliRunner().invoke(app, [str(a) for a in args])
 
 
-def truly(settings: dict, n: int = 1500) -> dict:
+N = 1500  # requests a run
+
+
+def truly(settings: dict, n: int = N) -> dict:
     """What a run of ``settings`` measures if TRUTH is the engine's real calibration."""
     return simulate(load_config(BASE, {**settings, **TRUTH, "workload.n_requests": n})).metrics
 
@@ -48,10 +52,14 @@ OTHERS = [{"model.preset": "llama-2-7b", "engine.tp": 1, "workload.rate": 10, "w
 
 
 def test_a_known_calibration_is_recovered_well_enough_to_predict_other_scenarios(tmp_path):
+    """Jitter included: six runs' means, p90s and p99s, fitted from the jitter off, give back a
+    calibration that predicts three other scenarios' means, p90s and end-to-end p99s within 3 %
+    and TTFT p99s within 10 % (a first token's tail rests on a few long stalls: the jitter's
+    values are not pinned down by six runs)."""
     measured = tmp_path / "six.csv"
-    write_csv(measured, [({**s, "workload.n_requests": 1500}, truly(s)) for s in SIX])
+    write_csv(measured, [({**s, "workload.n_requests": N}, truly(s)) for s in SIX])
     out = tmp_path / "fit.yaml"
-    result = invoke("calibrate", BASE, measured, "--out", out, "--json")
+    result = invoke("calibrate", BASE, measured, "--out", out, "--json", "--set", "calibration.stall_rate_hz=0")
     assert result.exit_code == 0, result.output
     fit = json.loads(result.stdout)
     assert all(abs(e) < 0.02 for e in fit["median_abs_error"].values())
@@ -59,14 +67,14 @@ def test_a_known_calibration_is_recovered_well_enough_to_predict_other_scenarios
     for settings in OTHERS:
         want = truly(settings)
         got = simulate(load_config(BASE, {**settings, **{f"calibration.{k}": v for k, v in fitted.items()},
-                                          "workload.n_requests": 1500})).metrics
+                                          "workload.n_requests": N})).metrics
         for name in FITTED:
-            assert got[name] == pytest.approx(want[name], rel=0.03), (settings, name)
+            assert got[name] == pytest.approx(want[name], rel=0.10 if name == "ttft_p99_s" else 0.03), (settings, name)
 
 
 def vllm_result(path, rate, lens, calibration=TRUTH, burstiness=1.0):
     """A vllm bench serve --save-result file of ``lens`` at ``rate``, as TRUTH's engine runs it:
-    the fields vLLM writes (metrics in ms; tails too, which the fit leaves alone)."""
+    the fields vLLM writes (metrics in ms, p99s too)."""
     from fastsim.analysis.measured import read_vllm_json
 
     inputs, outputs = lens
@@ -104,15 +112,15 @@ def test_vllm_bench_results_calibrate_and_predict_a_fourth_rate(tmp_path):
     fit = json.loads(result.stdout)
     for run in fit["runs"]:
         assert set(run["measured"]) == {"ttft_mean_s", "ttft_p50_s", "tpot_p50_s", "itl_p50_s", "e2e_mean_s",
-                                        "e2e_p50_s"}  # central figures only: the model has no jitter
-        for name in FITTED:
-            assert run["after"][name] == pytest.approx(run["measured"][name], rel=0.06)
+                                        "e2e_p50_s", "ttft_p99_s", "tpot_p99_s", "itl_p99_s", "e2e_p99_s"}
+        for name in set(FITTED) & set(run["measured"]):
+            assert run["after"][name] == pytest.approx(run["measured"][name], rel=0.06), name
     fitted = {f"calibration.{k}": v for k, v in yaml.safe_load(out.read_text())["calibration"].items()}
     fourth = tmp_path / "bench-18qps.json"
     want = vllm_result(fourth, 18, lengths(9))
     got = vllm_result(tmp_path / "bench-18qps-fitted.json", 18, lengths(9), fitted)
-    for name in FITTED:
-        assert got[name] == pytest.approx(want[name], rel=0.06), name
+    for name, rel in (("ttft_mean_s", 0.06), ("e2e_mean_s", 0.06), ("ttft_p99_s", 0.15), ("e2e_p99_s", 0.06)):
+        assert got[name] == pytest.approx(want[name], rel=rel), name  # three runs barely pin the jitter
 
 
 BAD = [
@@ -157,7 +165,7 @@ def test_bad_measured_files_exit_2_naming_file_row_and_column(tmp_path, name, te
 
 
 def test_bad_fit_keys_and_missing_files_exit_2(tmp_path):
-    result = invoke("calibrate", BASE, ROOT / "configs/calibration/vllm-h100.csv", "--fit", "speed")
+    result = invoke("calibrate", BASE, ROOT / "configs/calibration/vllm-2026-02-h100.csv", "--fit", "speed")
     assert result.exit_code == 2 and "--fit speed: not a calibration key (valid: compute_efficiency" in result.stderr
     result = invoke("calibrate", BASE, tmp_path / "none.csv")
     assert result.exit_code == 2 and "none.csv: no such file" in result.stderr
@@ -165,7 +173,7 @@ def test_bad_fit_keys_and_missing_files_exit_2(tmp_path):
 
 def test_a_subset_of_keys_is_fitted_alone(tmp_path):
     out = tmp_path / "fit.yaml"
-    result = invoke("calibrate", BASE, ROOT / "configs/calibration/vllm-h100.csv", "--fit", "api_overhead_ms",
+    result = invoke("calibrate", BASE, ROOT / "configs/calibration/vllm-2026-02-h100.csv", "--fit", "api_overhead_ms",
                     "--out", out, "--json")
     assert result.exit_code == 0, result.output
     fit = json.loads(result.stdout)

@@ -10,7 +10,7 @@ from fastsim.engine.kernels._calendar import COMPACT_RUN, LOW, record_compact
 from fastsim.model.cost import step_time
 
 K_LESSON = np.array([0.0, 4.48e-3, 3.9e-8, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
-K_SERVING = np.array([1e-3, 4.0e-3, 4.0e-8, 2.0e-5, 1.0e-9, 1.6e-4, 1.0e-8, 3.0e-6, 1.0e-3, 0.9])
+K_SERVING = np.array([1e-3, 4.0e-3, 4.0e-8, 2.0e-5, 1.0e-9, 1.6e-4, 1.0e-8, 3.0e-6, 1.0e-3, np.log(0.9)])
 
 
 def brute(k, runs, gaps, ps):

@@ -33,7 +33,8 @@ def test_contract_keys_all_exist():
     fleet.prefill_max_batched_tokens fleet.kv_link_gb_s fleet.kv_link_latency_ms hardware.usd_per_gpu_hour
     hardware.peak_tflops_fp8 hardware.peak_tflops_fp4 engine.expert_parallel
     model.config_json model.dtype model.kv_dtype model.vocab model.heads model.head_dim model.kv_lora_rank
-    model.qk_rope_head_dim model.experts model.experts_per_token model.moe_layers model.expert_gb""".split()
+    model.qk_rope_head_dim model.experts model.experts_per_token model.moe_layers model.expert_gb
+    calibration.stall_rate_hz calibration.stall_median_ms calibration.stall_sigma calibration.fitted_to""".split()
     assert sorted(contract) == sorted(LEAF_KEYS)
 
 

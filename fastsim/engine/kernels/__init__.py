@@ -215,7 +215,8 @@ def with_api(out: Outcome, api_s: float) -> Outcome:
 
 
 def run(config: Config, traffic, plan: Plan | None = None, scratch: Scratch | None = None) -> Outcome:
-    """Simulate ``traffic`` on the one engine ``config`` describes (client times)."""
+    """Simulate ``traffic`` on the one engine ``config`` describes (client times, without the
+    engine's stalls: :func:`fastsim.engine.fleet.run` adds them)."""
     p = Plan.of(config, longest_output(config, traffic)) if plan is None else plan
     return with_api(run_engine(p, traffic.arrival_s, traffic.prompt_tokens, traffic.output_tokens, scratch), p.api_s)
 
