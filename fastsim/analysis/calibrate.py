@@ -64,7 +64,7 @@ class Fit:
     predicted_after: list[dict[str, float]]
     cost: float  # the robust sum of squared log errors after the fit (see ROBUST)
     evaluations: int
-
+    overloaded: list[bool]  # per run, whether the fitted engine falls behind its arrivals
     @property
     def warnings(self) -> list[str]:
         """What makes this fit doubtful, a line each: fewer measurements than fitted values, a
@@ -79,6 +79,10 @@ class Fit:
             if (value <= low or value >= high) and self.before[key] != value:
                 out.append(f"{key} ended at its bound ({value:g}): the data asks for a value outside its "
                            f"physical range [{low:g}, {high:g}], or for a term the model lacks")
+        for run, over in zip(self.runs, self.overloaded):
+            if over:
+                out.append(f"{run.source}: overloaded: the fitted engine falls behind the arrivals at this rate, so its "
+                           "latencies grow with the run's length (and so may the measured ones)")
         for run, got in zip(self.runs, self.predicted_after):
             for name, measured in run.metrics.items():
                 error = got[name] / measured - 1
@@ -126,6 +130,11 @@ class _Runs:
             metrics = simulate(run.config.at(values), traffic, checked=True).metrics
             out.append({name: metrics[name] for name in run.metrics})
         return out
+
+    def overloaded(self, values: dict[str, float]) -> list[bool]:
+        """Per run, whether the engine with ``values`` falls behind its arrivals."""
+        return [simulate(run.config.at(values), traffic, checked=True).overloaded
+                for run, traffic in zip(self.runs, self.traffic)]
 
     def residuals(self, values: dict[str, float]) -> np.ndarray:
         res = []
@@ -205,7 +214,8 @@ def fit(runs: list[Measured], keys: list[str]) -> Fit:
         ranked = sorted(starts, key=lambda v: _cost(sims.residuals(v)))[:3]
         current = min((_search(sims, current, jitter, v) for v in ranked), key=lambda found: found[1])[0]
     after, cost = _search(sims, {}, keys, current)
-    return Fit(keys, before, after, runs, sims.predict(before), sims.predict(after), cost, sims.evaluations)
+    return Fit(keys, before, after, runs, sims.predict(before), sims.predict(after), cost, sims.evaluations,
+               sims.overloaded(after))
 
 
 def calibration_yaml(fit: Fit) -> str:

@@ -217,5 +217,10 @@ def read(paths: list[Path], config: Config) -> list[Measured]:
 
 
 def describe(run: Measured) -> str:
-    """A run's settings in a few words (its dotted keys' last components)."""
-    return ", ".join(f"{re.sub(r'^.*[.]', '', k)} {v}" for k, v in run.settings.items()) or "the config"
+    """A run's settings in a few words: each dotted key's last component, or its length's name
+    for a length's value (``workload.prompt.value`` is ``prompt``)."""
+    def word(key: str) -> str:
+        parts = key.split(".")
+        return parts[-2] if parts[-1] == "value" and len(parts) > 2 else parts[-1]
+
+    return ", ".join(f"{word(k)} {v}" for k, v in run.settings.items()) or "the config"

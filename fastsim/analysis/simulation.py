@@ -33,6 +33,27 @@ class Result:
     replica: np.ndarray | None = None
     prefill_replica: np.ndarray | None = None
 
+    @property
+    def overloaded(self) -> bool:
+        """The engine falls behind the arrivals: the requests of the last fifth of the run (by
+        arrival) wait, at the median, more than a second and more than 5 times as long for their
+        first token as those of the first fifth. Its latencies then grow with the run's length."""
+        return overloaded(self.arrival_s, self.first_token_s)
+
+
+OVERLOAD_RATIO = 5.0  # late / early median TTFT beyond which the queue is growing
+OVERLOAD_S = 1.0  # ... and a late median TTFT beyond this
+
+
+def overloaded(arrival: np.ndarray, first_token: np.ndarray) -> bool:
+    """See :attr:`Result.overloaded` (requests in arrival order)."""
+    fifth = arrival.size // 5
+    if fifth < 4:
+        return False
+    ttft = first_token - arrival
+    early, late = float(np.median(ttft[:fifth])), float(np.median(ttft[-fifth:]))
+    return late > OVERLOAD_S and late > OVERLOAD_RATIO * early
+
 
 def measure(config: Config, traffic: Traffic, out: Outcome) -> dict[str, float]:
     """The metrics of an engine's or a fleet's outcome on ``traffic``."""

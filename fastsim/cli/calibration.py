@@ -27,8 +27,9 @@ def calibrate(
                         ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the fit as JSON.")] = False,
 ) -> None:
-    """Fit the calibration (efficiencies and overheads) to measured runs by least squares on log
-    errors; print each run's error before and after, and write the fitted calibration: section."""
+    """Fit the calibration (efficiencies, overheads and, given measured tails, the engine's jitter) to
+    measured runs by least squares on log errors; print each run's error before and after, and
+    write the fitted calibration: section."""
     from ..api import calibrate as run_calibrate
     from ..api import describe_run
 
@@ -55,20 +56,23 @@ def calibrate(
             "calibration": {k.removeprefix("calibration."): v for k, v in result.after.items()},
             "before": {k.removeprefix("calibration."): v for k, v in result.before.items()},
             "cost": result.cost,
-            "runs": [{"source": run.source, "settings": run.settings, "measured": run.metrics, "before": b, "after": a}
-                     for run, b, a in zip(result.runs, result.predicted_before, result.predicted_after)],
+            "runs": [{"source": run.source, "settings": run.settings, "measured": run.metrics, "before": b, "after": a,
+                      "overloaded": over}
+                     for run, b, a, over in zip(result.runs, result.predicted_before, result.predicted_after,
+                                                 result.overloaded)],
             "median_abs_error": {name: statistics.median(abs(e) for e in errors) for name, errors in after.items()},
             "warnings": result.warnings,
         }))
         return
-    values = ", ".join(f"{k.removeprefix('calibration.')} {result.before[k]:g} -> {v:.4g}"
-                       for k, v in result.after.items())
-    out.print(f"calibration: {values}")
-    runs = [(f"{run.source}: {describe_run(run)}",
+    out.print("calibration (before -> after):")
+    for k, v in result.after.items():
+        out.print(f"  {k.removeprefix('calibration.'):<22} {result.before[k]:>10.4g} -> {v:.4g}")
+    runs = [(f"{run.source}: {describe_run(run)}{' (overloaded)' if over else ''}",
              [[name, f"{value:.4g}", f"{b[name]:.4g}", f"{b[name] / value - 1:+.1%}", f"{a[name]:.4g}",
                f"{a[name] / value - 1:+.1%}"] for name, value in run.metrics.items()])
-            for run, b, a in zip(result.runs, result.predicted_before, result.predicted_after)]
+            for run, b, a, over in zip(result.runs, result.predicted_before, result.predicted_after, result.overloaded)]
     print_grouped(["metric", "measured", "before", "error", "after", "error"], runs)
-    medians = ", ".join(f"{name} {statistics.median(abs(e) for e in before[name]):.1%} -> "
-                        f"{statistics.median(abs(e) for e in errors):.1%}" for name, errors in after.items())
-    out.print(f"median |error|: {medians}", soft_wrap=True)
+    out.print("median |error| (before -> after):")
+    for name, errors in after.items():
+        out.print(f"  {name:<22} {statistics.median(abs(e) for e in before[name]):>10.1%} -> "
+                  f"{statistics.median(abs(e) for e in errors):.1%}")

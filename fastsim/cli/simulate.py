@@ -48,6 +48,9 @@ def run(
         return
     rows = [[k, f"{v:.6g}", METRICS[k].units] for k, v in result.metrics.items()]
     print_table(describe(cfg, result.arrival_s.size), ["metric", "value", "units"], rows)
+    if result.overloaded:
+        err.print("notice: overloaded: the engine falls behind the arrivals (the last fifth of the requests wait "
+                  "far longer for a first token than the first): its latencies grow with workload.n_requests")
 
 
 @command

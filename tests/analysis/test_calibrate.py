@@ -227,3 +227,22 @@ def test_a_doubtful_fit_says_why_on_stderr_and_in_the_json(tmp_path):
 
 def test_a_result_of_the_config_s_model_is_read(tmp_path):
     vllm_result(tmp_path / "bench.json", 4, lengths(1, 50))  # model_id meta-llama/Llama-2-7b-hf, preset llama-2-7b
+
+
+def test_an_overloaded_run_is_called_overloaded(tmp_path):
+    """A stage past the engine's capacity: its simulation falls behind the arrivals (the late
+    requests wait far longer than the early ones), and calibrate says so, in the table, the
+    JSON and a warning; fastsim run says so too."""
+    measured = tmp_path / "stages.csv"
+    measured.write_text("model.preset,engine.tp,workload.rate,workload.n_requests,ttft_mean_s,e2e_mean_s\n"
+                        "llama-2-7b,1,8,1500,0.03,2.1\nllama-2-7b,1,60,1500,30,40\n")
+    fit = invoke("calibrate", BASE, measured, "--fit", "api_overhead_ms", "--out", tmp_path / "fit.yaml", "--json")
+    assert fit.exit_code == 0, fit.output
+    assert [run["overloaded"] for run in json.loads(fit.stdout)["runs"]] == [False, True]
+    assert "stages.csv row 3: overloaded: the fitted engine falls behind the arrivals" in fit.stderr
+    table = invoke("calibrate", BASE, measured, "--fit", "api_overhead_ms", "--out", tmp_path / "fit.yaml")
+    assert "stages.csv row 3: preset llama-2-7b, tp 1, rate 60, n_requests 1500 (overloaded)" in table.stdout
+    run = invoke("run", BASE, "--set", "model.preset=llama-2-7b", "--set", "workload.rate=60")
+    assert run.exit_code == 0 and "notice: overloaded: the engine falls behind the arrivals" in run.stderr
+    calm = invoke("run", BASE, "--set", "model.preset=llama-2-7b", "--set", "workload.rate=8")
+    assert "overloaded" not in calm.stderr
