@@ -26,7 +26,7 @@ from statistics import NormalDist
 
 import numpy as np
 
-from .._jit import jit
+from .._jit import inline, jit
 from ..model.schema import Config, ConfigError
 from .streams import stream
 
@@ -103,15 +103,16 @@ def _first_at(starts, index, per_width, t):
     return j
 
 
-@jit
+@inline
 def _from(starts, j, index, per_width, t):
     """The first stall starting at or after ``t``, from stall ``j`` (which starts before ``t``,
     or is the first): a few steps forward, else by the buckets."""
-    for _ in range(8):
-        if j == starts.size or starts[j] >= t:
-            return j
+    stop = min(j + 8, starts.size)
+    while j < stop and starts[j] < t:
         j += 1
-    return _first_at(starts, index, per_width, t)
+    if j == stop and j < starts.size and starts[j] < t:
+        return _first_at(starts, index, per_width, t)
+    return j
 
 
 @jit
