@@ -95,7 +95,8 @@ class _Reader:
         self.path, self.raw, self.architecture = path, raw, architecture
 
     def get(self, key: str, default: Any = None) -> Any:
-        return self.raw.get(key, default) if self.raw.get(key) is not None else default
+        value = self.raw.get(key)
+        return default if value is None else value
 
     def int(self, key: str, default: int | None = None) -> int:
         value = self.raw.get(key)
@@ -111,9 +112,10 @@ class _Reader:
 def _attention(r: _Reader) -> tuple[int, int, int, int, int]:
     """(heads, kv_heads, head_dim, linear, plain) of one standard attention layer."""
     hidden, heads = r.int("hidden_size"), r.int("num_attention_heads")
-    if heads == 0:
-        raise ModelFileError(f"{r.path}: field 'num_attention_heads' must be at least 1")
     kv = r.int("num_key_value_heads", heads)
+    for name, value in (("num_attention_heads", heads), ("num_key_value_heads", kv), ("hidden_size", hidden)):
+        if value == 0:
+            raise ModelFileError(f"{r.path}: field {name!r} must be at least 1")
     hd = r.int("head_dim", hidden // heads)
     linear = 2 * hidden * heads * hd + 2 * hidden * kv * hd  # q, o; k, v
     plain = 0
