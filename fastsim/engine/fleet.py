@@ -84,27 +84,34 @@ def _pool(p: Plan, name: str, replicas: int, arrival: np.ndarray, prompt: np.nda
 
 
 def run(config: Config, traffic: Traffic, scratch: Scratch | None = None) -> Outcome:
-    """Simulate ``traffic`` on the fleet ``config`` describes (client times). With ``scratch``,
-    the outcome's step runs may live in it: valid until the next run that uses it."""
+    """Simulate ``traffic`` on the fleet ``config`` describes (client times: the engines' stalls,
+    then the API overhead). With ``scratch``, the outcome's step runs may live in it: valid until
+    the next run that uses it."""
     f = config.fleet
-    n = len(traffic)
-    api = config.calibration.api_overhead_ms / 1000
     kind = pools.kind(config)
     plan = Plan.of(config, longest_output(config, traffic), prefix=kind != "disaggregated")
     arrival, prompt, output = traffic.arrival_s, traffic.prompt_tokens, traffic.output_tokens
+    draws = routes(config.workload, len(traffic), f.replicas, 0) if ROUTERS[f.router].draws else np.empty(
+        len(traffic), np.int64)
     if kind == "one":  # the single engine, to the bit
         out = run_engine(plan, arrival, prompt, output, scratch)
-        stalls.apply(config, arrival, out.first_token_s, out.done_s, None)
-        return with_api(out, api)
-    draws_of = ROUTERS[f.router].draws
-    draws = routes(config.workload, n, f.replicas, 0) if draws_of else np.empty(n, np.int64)
-    if kind != "disaggregated":  # replicas apart or a coupled pool: the router decides
+    elif kind != "disaggregated":  # replicas apart or a coupled pool: the router decides
         out = _pool(plan, f.router, f.replicas, arrival, prompt, output, draws, scratch)
-        stalls.apply(config, arrival, out.first_token_s, out.done_s, out.replica)
-        return with_api(out, api)
+    else:
+        out = _disaggregated(config, plan, traffic, draws, scratch)
+    stalls.apply(config, arrival, out.first_token_s, out.done_s, out.replica, out.prefill_replica)
+    return with_api(out, config.calibration.api_overhead_ms / 1000)
+
+
+def _disaggregated(config: Config, plan: Plan, traffic: Traffic, draws: np.ndarray, scratch: Scratch | None
+                   ) -> Outcome:
+    """A prefill pool in front of the decode replicas (engine times)."""
+    f = config.fleet
+    n = len(traffic)
+    arrival, prompt, output = traffic.arrival_s, traffic.prompt_tokens, traffic.output_tokens
     # the prefill pool: every prompt as a one-token request
     prefill = Plan.of(pools.prefill_config(config), 1)
-    pre_draws = routes(config.workload, n, f.prefill_replicas, 1) if draws_of else draws
+    pre_draws = routes(config.workload, n, f.prefill_replicas, 1) if ROUTERS[f.router].draws else draws
     pre = _pool(prefill, f.router, f.prefill_replicas, arrival, prompt, np.ones(n, np.int64), pre_draws, scratch)
     ended = pre.done_s  # the end of each prompt's step: its first token (engine time)
     sent = output > 1
@@ -119,10 +126,8 @@ def run(config: Config, traffic: Traffic, scratch: Scratch | None = None) -> Out
     replica[ids] = dec.replica
     assert not len(pre.runs), "a prefill replica never decodes"
     both = (pre, dec)
-    out = Outcome(ended, done, pre.steps + dec.steps, pre.busy_slot_steps + dec.busy_slot_steps,
-                  max(pre.max_queue, dec.max_queue), pre.preemptions + dec.preemptions,
-                  pre.kv_block_steps + dec.kv_block_steps, pre.kv_capacity_steps + dec.kv_capacity_steps,
-                  max((o.kv_peak_use for o in both if o.kv_capacity_steps), default=float("nan")), dec.runs,
-                  np.concatenate([pre.gaps_s, dec.gaps_s]), dec.k, replica, pre.replica)
-    stalls.apply(config, arrival, out.first_token_s, out.done_s, replica, pre.replica)
-    return with_api(out, api)
+    return Outcome(ended, done, pre.steps + dec.steps, pre.busy_slot_steps + dec.busy_slot_steps,
+                   max(pre.max_queue, dec.max_queue), pre.preemptions + dec.preemptions,
+                   pre.kv_block_steps + dec.kv_block_steps, pre.kv_capacity_steps + dec.kv_capacity_steps,
+                   max((o.kv_peak_use for o in both if o.kv_capacity_steps), default=float("nan")), dec.runs,
+                   np.concatenate([pre.gaps_s, dec.gaps_s]), dec.k, replica, pre.replica)
