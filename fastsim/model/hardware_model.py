@@ -14,8 +14,6 @@ from . import hf_config
 from .fields import Finite, Int, Section, doc
 from .presets import HARDWARE, MODELS
 
-DTYPES = tuple(hf_config.WEIGHT_BYTES)
-KV_DTYPES = tuple(hf_config.KV_BYTES)
 
 
 class _Preset(Section):
@@ -129,8 +127,8 @@ class Model(_Preset):
         if source is None:
             return {}
         explicit = self.model_fields_set
-        return hf_config.fields_of(source, self.dtype if "dtype" in explicit else None,
-                                   self.kv_dtype if "kv_dtype" in explicit else None)
+        return hf_config.read(source).fields(self.dtype if "dtype" in explicit else None,
+                                             self.kv_dtype if "kv_dtype" in explicit else None)
 
     def _check(self) -> None:
         if self.experts and not 1 <= self.experts_per_token <= self.experts:

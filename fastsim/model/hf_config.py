@@ -326,8 +326,3 @@ def read(path: str) -> Shape:
     return Shape(architecture, n, hidden, heads, kv, hd, vocab, linear, plain, active, lora, rope, experts, k,
                  moe_layers, expert, dtype, kv_dtype, notices)
 
-
-def fields_of(path: str, dtype: str | None, kv_dtype: str | None) -> dict[str, Any]:
-    """The ``model:`` fields a config.json gives at ``dtype`` and ``kv_dtype`` (None: the file's)."""
-    return read(path).fields(dtype, kv_dtype)
-
