@@ -123,18 +123,15 @@ class _Runs:
         self.traffic: list[Traffic] = [run.traffic or generate(run.config.workload) for run in runs]
         self.evaluations = 0
 
-    def predict(self, values: dict[str, float]) -> list[dict[str, float]]:
+    def results(self, values: dict[str, float]) -> list:
+        """Every run simulated with ``values``."""
         self.evaluations += 1
-        out = []
-        for run, traffic in zip(self.runs, self.traffic):
-            metrics = simulate(run.config.at(values), traffic, checked=True).metrics
-            out.append({name: metrics[name] for name in run.metrics})
-        return out
+        return [simulate(run.config.at(values), traffic, checked=True) for run, traffic in zip(self.runs, self.traffic)]
 
-    def overloaded(self, values: dict[str, float]) -> list[bool]:
-        """Per run, whether the engine with ``values`` falls behind its arrivals."""
-        return [simulate(run.config.at(values), traffic, checked=True).overloaded
-                for run, traffic in zip(self.runs, self.traffic)]
+    def predict(self, values: dict[str, float], results: list | None = None) -> list[dict[str, float]]:
+        """Per run, the metrics it measured, simulated with ``values`` (or read from their ``results``)."""
+        results = self.results(values) if results is None else results
+        return [{name: result.metrics[name] for name in run.metrics} for run, result in zip(self.runs, results)]
 
     def residuals(self, values: dict[str, float]) -> np.ndarray:
         res = []
@@ -209,13 +206,14 @@ def fit(runs: list[Measured], keys: list[str]) -> Fit:
     for _ in range(2 if jitter else 0):
         if engine:
             current, _ = _search(sims, current, engine, current)
-        starts = [current] + [{**current, **{k: dict(zip(JITTER, point))[n] for k, n in zip(jitter, names)}}
-                              for point in JITTER_GRID]
+        grid = [dict(zip(JITTER, point)) for point in JITTER_GRID]
+        starts = [current] + [{**current, **{k: point[n] for k, n in zip(jitter, names)}} for point in grid]
         ranked = sorted(starts, key=lambda v: _cost(sims.residuals(v)))[:3]
         current = min((_search(sims, current, jitter, v) for v in ranked), key=lambda found: found[1])[0]
     after, cost = _search(sims, {}, keys, current)
-    return Fit(keys, before, after, runs, sims.predict(before), sims.predict(after), cost, sims.evaluations,
-               sims.overloaded(after))
+    fitted = sims.results(after)
+    return Fit(keys, before, after, runs, sims.predict(before), sims.predict(after, fitted), cost, sims.evaluations,
+               [result.overloaded for result in fitted])
 
 
 def calibration_yaml(fit: Fit) -> str:
