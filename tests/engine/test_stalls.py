@@ -34,12 +34,21 @@ def test_the_stalls_are_a_poisson_process_of_log_normal_pauses():
     assert abs(np.median(logs)) < 0.02 and logs.std() == pytest.approx(0.9, rel=0.03)
 
 
+FREQUENT = {**JITTER, "calibration.stall_rate_hz": 40.0}  # many stalls a window
+
+
+def requests(rng, span: float, n: int, ttft: float):
+    """n requests' (arrival, first token, done) times: Poisson-like arrivals, exponential waits for
+    a first token of mean ``ttft``, log-normal answers."""
+    arrival = np.sort(rng.uniform(0, span, n))
+    first = arrival + rng.exponential(ttft, n)
+    return arrival, first, first + rng.lognormal(0, 1, n)
+
+
 def test_each_request_waits_for_the_stalls_in_its_windows():
     rng = np.random.default_rng(3)
-    config = Config().with_values({**JITTER, "calibration.stall_rate_hz": 40.0})
-    arrival = np.sort(rng.uniform(0, 50, 2000))
-    first = arrival + rng.exponential(0.2, arrival.size)
-    done = first + rng.lognormal(0, 1, arrival.size)
+    config = Config().with_values(FREQUENT)
+    arrival, first, done = requests(rng, 50, 2000, 0.2)
     got_first, got_done = first.copy(), done.copy()
     stalls.apply(config, arrival, got_first, got_done, None)
     starts, cum, _, _ = stalls._timeline(config, 0, 0, float(done.max()) + 1.0)
@@ -51,10 +60,8 @@ def test_each_request_waits_for_the_stalls_in_its_windows():
 
 def test_replicas_stall_apart_and_a_prefill_pool_holds_the_first_tokens():
     rng = np.random.default_rng(4)
-    config = Config().with_values({**JITTER, "calibration.stall_rate_hz": 40.0})
-    arrival = np.sort(rng.uniform(0, 20, 600))
-    first = arrival + rng.exponential(0.3, arrival.size)
-    done = first + rng.lognormal(0, 1, arrival.size)
+    config = Config().with_values(FREQUENT)
+    arrival, first, done = requests(rng, 20, 600, 0.3)
     replica = rng.integers(0, 3, arrival.size).astype(np.int32)
     prefill = rng.integers(0, 2, arrival.size).astype(np.int32)
     span = float(done.max()) + 1.0
