@@ -17,6 +17,7 @@ import numpy as np
 
 from .analysis.simulation import measure
 from .engine import fleet, kernels
+from .engine import traffic as traffic_of
 from .engine.traffic import generate
 from .model import hf_config
 from .model.presets import MODELS
@@ -92,6 +93,14 @@ SERVING_RATES = (2.0, 8.0, 24.0)  # light to moderate load (saturation is near 4
 # A mixture of experts on the same engine: Qwen3-30B-A3B (128 experts, 8 a token) on one H100.
 MOE = ("moe (qwen3-30b-a3b)", {"model.preset": "qwen3-30b-a3b"}, 24.0)
 # Fleets of it: 8 GPUs at 12 requests/s each, as 8 replicas behind two routers or as 2 prefill + 6 decode.
+# Chat sessions with vLLM's prefix cache on the same engine: 8 system prompts of 1,000 tokens,
+# sessions of 2-10 turns (each re-sending the conversation), 10 s of thinking; 0.4 sessions/s.
+SESSIONS = ("sessions, prefix cache (h100)", {
+    "engine.prefix_caching": True, "workload.system_prompts": {"count": 8, "tokens": 1000},
+    "workload.prompt": {"dist": "lognormal", "mu": 7.3, "sigma": 0.5, "min": 1001, "max": 8000},
+    "workload.sessions": {"turns": {"dist": "uniform", "min": 2, "max": 10},
+                          "followup": {"dist": "lognormal", "mu": 5.0, "sigma": 0.8, "min": 1, "max": 2000},
+                          "think_s": {"dist": "exponential", "mean": 10.0}}}, 0.4)
 FLEET_RATE = 96.0
 FLEETS = (
     ("fleet (8 x h100)", {"fleet.replicas": 8}),
@@ -102,16 +111,16 @@ FLEETS = (
 
 def _case(model: str, config: Config, repeats: int, n_requests: int, rows: list, traffic_cache: dict) -> None:
     workload = config.workload
-    key = workload.model_dump_json()
+    key = repr(traffic_of.key(config))
     if key not in traffic_cache:
         traffic_cache.clear()  # one traffic draw kept at a time
-        traffic_cache[key] = _best_of(repeats, lambda: generate(workload))
+        traffic_cache[key] = _best_of(repeats, lambda: traffic_of.of(config))
     traffic_s, traffic = traffic_cache[key]
-    tiny = generate(workload.model_copy(update={"n_requests": 10}))
+    tiny = traffic_of.of(config.at({"workload.n_requests": 10}))
     first_call_s, _ = _best_of(1, lambda: fleet.run(config, tiny))
     scratch = kernels.Scratch()  # as fastsim.simulate keeps one per thread
     kernel_s, out = _best_of(repeats, lambda: fleet.run(config, traffic, scratch))
-    _check(config, out, traffic.output_tokens, traffic.arrival_s)
+    _check(config, out, traffic.output_tokens, traffic.arrival_s if out.arrival_s is None else out.arrival_s)
     metrics_s, _ = _best_of(repeats, lambda: measure(config, traffic, out))
     f = config.fleet
     label = config.engine.policy if f.replicas == 1 and not f.prefill_replicas else f.router
@@ -141,9 +150,9 @@ def bench(
     for rate in serving_rates:
         config = Config().with_values({**SERVING, "workload.rate": rate, "workload.n_requests": n_requests})
         _case("serving (h100)", config, repeats, n_requests, rows, cache)
-    model, values, rate = MOE
-    _case(model, Config().with_values({**SERVING, **values, "workload.rate": rate, "workload.n_requests": n_requests}),
-          repeats, n_requests, rows, cache)
+    for model, values, rate in (MOE, SESSIONS):
+        _case(model, Config().with_values({**SERVING, **values, "workload.rate": rate,
+                                           "workload.n_requests": n_requests}), repeats, n_requests, rows, cache)
     if fleets:
         for model, values in FLEETS:
             config = Config().with_values({**SERVING, **values, "workload.rate": FLEET_RATE,

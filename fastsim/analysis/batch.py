@@ -17,7 +17,8 @@ import numpy as np
 from .._jit import inline, jit
 from ..engine.checks import steps_fit
 from ..engine.kernels import RUNS_PER_REQUEST, Plan, kv_totals, longest_output, one_engine
-from ..engine.traffic import Traffic, generate
+from ..engine import traffic as traffic_of
+from ..engine.traffic import Traffic
 from ..model import fleet as pools
 from ..model.schema import Config
 from .metrics import METRICS, SORT_BELOW, slo_bounds, small_run
@@ -115,7 +116,7 @@ class _Group:
                     np.concatenate([t.output_tokens for t in traffic]), np.cumsum([0] + sizes))
         bounds, has_slo = slo_bounds((c.slo.ttft_s, c.slo.tpot_s, c.slo.e2e_s))
         objectives = (c.engine.max_batch, bounds, has_slo, pools.gpus(c), pools.usd_per_hour(c))
-        out = np.empty((len(sizes), len(METRICS)))
+        out = np.full((len(sizes), len(METRICS)), np.nan)  # prefix_hit_rate: NaN without a prefix cache
         finished = LOOPS[kernel](p.numbers, p.api_s, requests, room, objectives, out)
         for (r, config, t), row, ok in zip(self.members, out, finished.tolist()):
             rows[r] = row if ok else list(simulate(config, t, checked=True).metrics.values())
@@ -125,10 +126,10 @@ def metric_rows(configs: list[Config]) -> np.ndarray:
     """Each config's metrics (:data:`METRICS` order), as :func:`fastsim.simulate` gives them; the
     configs were checked. Consecutive configs with the same workload share one draw of traffic."""
     rows = np.empty((len(configs), len(METRICS)))
-    workload, traffic, group = None, None, None
+    drawn, traffic, group = None, None, None
     for r, config in enumerate(configs):
-        if config.workload != workload:
-            workload, traffic = config.workload, generate(config.workload)
+        if traffic_of.key(config) != drawn:
+            drawn, traffic = traffic_of.key(config), traffic_of.of(config)
             tokens = traffic.tokens()
         n = len(traffic)
         if pools.kind(config) != "one" or n > MAX_REQUESTS or config.calibration.stall_rate_hz:

@@ -72,6 +72,8 @@ METRICS: dict[str, Metric] = {
                            fmt="{:.2f}"),
     "usd_per_mtok": Metric("USD/1e6 tokens", "price per million output tokens at the simulated throughput", LOWER,
                            header="$/Mtok", fmt="{:.2f}"),
+    "prefix_hit_rate": Metric("1", "prompt tokens found in the prefix cache at first admission / prompt tokens "
+                              "(NaN: no prefix caching)", HIGHER, header="hit rate", scale=100, fmt="{:.1f}%"),
 }
 
 # What a capacity search and a plan find, beside the metrics at the answer.

@@ -190,7 +190,7 @@ def _sum(a):
 
 @jit
 def _values(n, tokens, span, ttft_mean, e2e_mean, q, itl_q, good, has_slo, counts, max_batch, gpus, usd_per_hour):
-    """Every metric, in the order of :data:`METRICS` (as floats). ``q``: TTFT's and e2e's
+    """Every metric but the last (prefix_hit_rate), in the order of :data:`METRICS` (as floats). ``q``: TTFT's and e2e's
     quantiles at LATENCY_PS, then TPOT's at TPOT_PS; ``itl_q``: ITL's at ITL_PS; ``counts``: the
     outcome's (steps, busy slot-steps, max_queue, preemptions, KV block-steps, KV capacity
     block-steps, peak KV use)."""
@@ -249,10 +249,10 @@ def compute(arrival: np.ndarray, output: np.ndarray, out: Outcome, max_batch: in
         fits, values = small_run(arrival, output, first_token, done, counts, out.k, out.runs, out.gaps_s, max_batch,
                                  bounds, has_slo, gpus, usd_per_hour)
         if fits:
-            return named(values)
+            return named(values + (out.prefix_hit_rate,))
     ttft, e2e, tpot, good = _latencies(arrival, output, first_token, done, *bounds)
     q = np.array(_select(ttft, LATENCY_PS) + _select(e2e, LATENCY_PS) + _select(tpot, TPOT_PS))
     itl_q = np.array(itl.quantiles(out.k, out.runs, out.gaps_s, out.busy_slot_steps - n, ITL_PS))
     means = float(ttft.sum()) / n, float(e2e.sum()) / n  # NumPy's sums, as _sum's
     return named(_values(n, int(output.sum()), float(done.max()), *means, q, itl_q, good, has_slo, counts, max_batch,
-                         gpus, usd_per_hour))
+                         gpus, usd_per_hour) + (out.prefix_hit_rate,))

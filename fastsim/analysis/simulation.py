@@ -9,7 +9,8 @@ import numpy as np
 
 from ..engine import checks, fleet
 from ..engine.kernels import Outcome, Scratch
-from ..engine.traffic import Traffic, generate
+from ..engine import traffic as traffic_of
+from ..engine.traffic import Traffic
 from ..model import fleet as pools
 from ..model.schema import Config
 from . import metrics
@@ -32,6 +33,10 @@ class Result:
     done_s: np.ndarray
     replica: np.ndarray | None = None
     prefill_replica: np.ndarray | None = None
+    cached_tokens: np.ndarray | None = None  # prefix-cache hit at first admission (None: no prefix cache)
+    session: np.ndarray | None = None  # -1 outside sessions (None: no content shared)
+    turn: np.ndarray | None = None  # 1, 2, ... within a session; 0 outside
+    system_prompt: np.ndarray | None = None  # the request's system prompt, -1 without
 
     @property
     def overloaded(self) -> bool:
@@ -58,7 +63,8 @@ def overloaded(arrival: np.ndarray, first_token: np.ndarray) -> bool:
 def measure(config: Config, traffic: Traffic, out: Outcome) -> dict[str, float]:
     """The metrics of an engine's or a fleet's outcome on ``traffic``."""
     slo = config.slo
-    return metrics.compute(traffic.arrival_s, traffic.output_tokens, out, config.engine.max_batch,
+    arrival = traffic.arrival_s if out.arrival_s is None else out.arrival_s
+    return metrics.compute(arrival, traffic.output_tokens, out, config.engine.max_batch,
                            (slo.ttft_s, slo.tpot_s, slo.e2e_s), pools.gpus(config), pools.usd_per_hour(config))
 
 
@@ -77,8 +83,11 @@ def simulate(config: Config, traffic: Traffic | None = None, checked: bool = Fal
     """
     if not checked:
         checks.check(config)
-    traffic = generate(config.workload) if traffic is None else traffic
+    traffic = traffic_of.of(config) if traffic is None else traffic
     checks.steps_fit(config, *traffic.tokens())
+    checks.traffic_fits(config, traffic)
     out = fleet.run(config, traffic, scratch())  # measured before the next run on this thread
-    return Result(config, measure(config, traffic, out), traffic.arrival_s, traffic.prompt_tokens,
-                  traffic.output_tokens, out.first_token_s, out.done_s, out.replica, out.prefill_replica)
+    c = traffic.content
+    return Result(config, measure(config, traffic, out), traffic.arrival_s if out.arrival_s is None else out.arrival_s,
+                  traffic.prompt_tokens, traffic.output_tokens, out.first_token_s, out.done_s, out.replica,
+                  out.prefill_replica, out.cached_tokens, *((c.session, c.turn, c.system_prompt) if c else ()))

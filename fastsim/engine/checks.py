@@ -109,8 +109,54 @@ def _steps_are_finite(config: Config, tokens: int, key: Callable[[str], str]) ->
                           f"more than a year: check {names}, and the lengths of workload.prompt and workload.output")
 
 
+def _prefix_cache(config: Config) -> None:
+    """What prefix caching, system prompts and sessions need."""
+    e, w, f = config.engine, config.workload, config.fleet
+    cached = fleet.cached(config)
+    what = "engine.prefix_caching" if e.prefix_caching else "workload.sessions"
+    if e.prefix_caching and e.policy != "continuous":
+        raise ConfigError(f"engine.prefix_caching needs engine.policy continuous (got {e.policy}), as in vLLM")
+    if cached and e.kv_alloc != "paged":
+        raise ConfigError(f"{what} needs engine.kv_alloc paged (got {e.kv_alloc})")
+    if cached and kv_blocks(config) is None:
+        raise ConfigError(f"{what} needs a KV cache of known size: set hardware.mem_gb (a hardware.preset does) "
+                          f"or engine.kv_cache_gb")
+    if w.sessions is not None:
+        if e.policy != "continuous":
+            raise ConfigError(f"workload.sessions needs engine.policy continuous (got {e.policy})")
+        if w.trace is not None:
+            raise ConfigError("workload.sessions: not with a workload.trace (a trace records its own arrivals)")
+        if w.rng != "numpy":
+            raise ConfigError("workload.sessions needs workload.rng: numpy")
+        if fleet.disaggregated(config):
+            raise ConfigError("workload.sessions: not with a prefill pool (fleet.prefill_replicas) yet: a session's "
+                              "next turn would wait on the decode pool")
+    if w.system_prompts is not None and w.prefix_tokens:
+        raise ConfigError("workload.system_prompts: give it or workload.prefix_tokens (one system prompt), not both")
+    sp = w.system_prompts
+    if sp is not None and w.trace is not None:
+        raise ConfigError("workload.system_prompts: not with a workload.trace (a trace records what it shares)")
+    if sp is not None and sp.tokens >= w.prompt.smallest:
+        raise ConfigError(f"workload.system_prompts.tokens ({sp.tokens}) must be shorter than every prompt "
+                          f"(the shortest workload.prompt is {w.prompt.smallest})")
+    if f.router == "prefix_aware" and not e.prefix_caching:
+        raise ConfigError("fleet.router: prefix_aware needs engine.prefix_caching: true (it routes by cached blocks)")
+
+
+def traffic_fits(config: Config, traffic) -> None:
+    """Refuse drawn sessions whose longest turn cannot fit in the KV cache (a ``max_context``
+    beyond it)."""
+    if config.workload.sessions is None or not len(traffic):
+        return
+    longest = int(np.argmax(traffic.prompt_tokens + traffic.output_tokens))
+    p, o = int(traffic.prompt_tokens[longest]), int(traffic.output_tokens[longest])
+    longest_fits(config, p, o, f"workload.sessions.max_context {config.workload.sessions.max_context}: a turn of "
+                                f"prompt {p} + output")
+
+
 def _can_run(config: Config) -> None:
     w = config.workload
+    _prefix_cache(config)
     if w.trace is None and w.prefix_tokens and w.prefix_tokens >= w.prompt.smallest:
         raise ConfigError(
             f"workload.prefix_tokens ({w.prefix_tokens}) must be shorter than every prompt "
@@ -195,7 +241,8 @@ WORKLOAD_KEYS = ("workload.rate", "workload.n_requests", "workload.trace", "work
                  "workload.prompt.dist", "workload.output.dist")
 # What the engine checks read: a sweep runs them on every combination of the axes under these.
 ENGINE_KEYS = ("hardware.", "model.", "engine.", "fleet.", "workload.prompt.", "workload.output.",
-               "workload.prefix_tokens", "workload.trace")
+               "workload.prefix_tokens", "workload.trace", "workload.system_prompts", "workload.sessions",
+               "workload.rng")
 
 CHECKS: list[tuple[tuple[str, ...], Callable[[Config], None]]] = [
     (WORKLOAD_KEYS, _workload_is_whole),

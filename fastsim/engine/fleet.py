@@ -7,6 +7,8 @@ over every request, the step runs of every replica for the inter-token latencies
 - A static router (round robin, random) decides from the request alone: each replica runs its
   own requests apart, on the one-engine kernels. A load-aware router needs the replicas advanced
   together: the continuous kernel's pool (:mod:`.kernels.continuous`).
+- Prefix caching or sessions: one loop for one engine or any router (:mod:`.kernels.prefix`),
+  which also releases each session's next turn when the turn before is done.
 - Disaggregated: the prefill pool runs each prompt as a one-token request (the prefill
   replicas' hardware, tp and budget; the shared prefix cached there); each prefill replica's KV
   link carries the prompts to the decode pool (:mod:`.link`), which routes them in order of KV
@@ -23,8 +25,10 @@ import numpy as np
 from ..model import fleet as pools
 from ..model.routers import ROUTERS
 from ..model.schema import Config
+from . import content as shares
 from . import link, router, stalls
 from .kernels import FULL_COLUMNS, RUNS_PER_REQUEST, Counters, Outcome, Plan, Scratch, longest_output, outcome, run_engine, with_api
+from .kernels import prefix
 from .kernels.continuous import WORK_ROWS, continuous
 from .traffic import Traffic, routes
 
@@ -95,12 +99,40 @@ def run(config: Config, traffic: Traffic, scratch: Scratch | None = None) -> Out
         len(traffic), np.int64)
     if kind == "one":  # the single engine, to the bit
         out = run_engine(plan, arrival, prompt, output, scratch)
+    elif kind == "cached":
+        out = _cached(config, plan, f.replicas, traffic, output, draws)
     elif kind != "disaggregated":  # replicas apart or a coupled pool: the router decides
         out = _pool(plan, f.router, f.replicas, arrival, prompt, output, draws, scratch)
     else:
         out = _disaggregated(config, plan, traffic, draws, scratch)
-    stalls.apply(config, arrival, out.first_token_s, out.done_s, out.replica, out.prefill_replica)
+    stalls.apply(config, arrival if out.arrival_s is None else out.arrival_s, out.first_token_s, out.done_s,
+                 out.replica, out.prefill_replica)
     return with_api(out, config.calibration.api_overhead_ms / 1000)
+
+
+def _cached(config: Config, p: Plan, replicas: int, traffic: Traffic, output: np.ndarray, draws: np.ndarray
+            ) -> Outcome:
+    """The prefix-caching loop (:mod:`.kernels.prefix`) on ``replicas`` replicas of plan ``p``
+    (engine times); ``output``: the outputs it runs (ones on a prefill pool)."""
+    f = config.fleet
+    n = len(traffic)
+    c = traffic.content if traffic.content is not None else shares.none(n)
+    prompt = traffic.prompt_tokens
+    room = (RUNS_PER_REQUEST * n + 64, n // 8 + 64)
+    while True:
+        runs, gaps = np.empty((room[0], FULL_COLUMNS), np.int64), np.empty(room[1])
+        first, done, arrived, replica, cached, counters = prefix.run(
+            traffic.arrival_s, prompt, output, c.parent, c.shared, c.hash_start, c.hash_ids, c.hash_block, c.think_s,
+            replicas, ROUTERS[f.router].code, draws.astype(np.int64), f.prefix_weight, p.limit, p.k, p.budget,
+            p.blocks, p.block_tokens, config.engine.prefix_caching, p.api_s, runs, gaps)
+        counters = Counters(*counters)
+        if counters.runs <= len(runs) and counters.gaps <= len(gaps):
+            break
+        room = (max(counters.runs, room[0]), max(counters.gaps, room[1]))
+    out = outcome(p, first, done, counters, runs, gaps, replica.astype(np.int32))
+    hit = float(cached.sum()) / float(prompt.sum()) if config.engine.prefix_caching and prompt.sum() else np.nan
+    return dataclasses.replace(out, arrival_s=arrived if c.closed_loop else None, cached_tokens=cached,
+                               prefix_hit_rate=hit)
 
 
 def _disaggregated(config: Config, plan: Plan, traffic: Traffic, draws: np.ndarray, scratch: Scratch | None
@@ -112,7 +144,11 @@ def _disaggregated(config: Config, plan: Plan, traffic: Traffic, draws: np.ndarr
     # the prefill pool: every prompt as a one-token request
     prefill = Plan.of(pools.prefill_config(config), 1)
     pre_draws = routes(config.workload, n, f.prefill_replicas, 1) if ROUTERS[f.router].draws else draws
-    pre = _pool(prefill, f.router, f.prefill_replicas, arrival, prompt, np.ones(n, np.int64), pre_draws, scratch)
+    ones = np.ones(n, np.int64)
+    if config.engine.prefix_caching:  # the prompts are cached where they are computed
+        pre = _cached(config, prefill, f.prefill_replicas, traffic, ones, pre_draws)
+    else:
+        pre = _pool(prefill, f.router, f.prefill_replicas, arrival, prompt, ones, pre_draws, scratch)
     ended = pre.done_s  # the end of each prompt's step: its first token (engine time)
     sent = output > 1
     reached = link.kv_arrivals(config, ended, prompt, sent, pre.replica)
@@ -130,4 +166,5 @@ def _disaggregated(config: Config, plan: Plan, traffic: Traffic, draws: np.ndarr
                    max(pre.max_queue, dec.max_queue), pre.preemptions + dec.preemptions,
                    pre.kv_block_steps + dec.kv_block_steps, pre.kv_capacity_steps + dec.kv_capacity_steps,
                    max((o.kv_peak_use for o in both if o.kv_capacity_steps), default=float("nan")), dec.runs,
-                   np.concatenate([pre.gaps_s, dec.gaps_s]), dec.k, replica, pre.replica)
+                   np.concatenate([pre.gaps_s, dec.gaps_s]), dec.k, replica, pre.replica,
+                   cached_tokens=pre.cached_tokens, prefix_hit_rate=pre.prefix_hit_rate)

@@ -27,7 +27,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from .._jit import jit
-from ..model.schema import Workload
+from ..model.cost import kv_blocks
+from ..model.schema import Config, Workload
+from . import content as shares
+from .content import Content
 from .streams import stream
 
 
@@ -36,6 +39,7 @@ class Traffic:
     arrival_s: np.ndarray  # float64 (n,), non-decreasing, seconds from t=0
     prompt_tokens: np.ndarray  # int64 (n,)
     output_tokens: np.ndarray  # int64 (n,), >= 1
+    content: Content | None = None  # what requests share (None: nothing, and every arrival given)
 
     def __len__(self) -> int:
         return self.arrival_s.size
@@ -45,20 +49,53 @@ class Traffic:
         return float(self.output_tokens.sum(dtype=np.float64)), float(self.prompt_tokens.sum(dtype=np.float64))
 
 
-def generate(w: Workload) -> Traffic:
-    """Draw (or replay) the requests the workload section describes."""
+def of(config: Config) -> Traffic:
+    """The traffic of ``config``'s workload as its engine sees it: a shared prefix becomes a
+    system prompt under prefix caching, and sessions end at the KV cache's size unless told."""
+    return generate(*key(config))
+
+
+def key(config: Config) -> tuple:
+    """What :func:`of` draws from: configs with equal keys share their traffic."""
+    e, w = config.engine, config.workload
+    if w.sessions is None:
+        return w, e.prefix_caching and bool(w.prefix_tokens), None
+    blocks = kv_blocks(config)
+    return w, e.prefix_caching, None if blocks is None else blocks * e.block_tokens
+
+
+def generate(w: Workload, caching: bool = False, kv_tokens: int | None = None) -> Traffic:
+    """Draw (or replay) the requests the workload section describes. ``caching``: the engine
+    caches by content (a shared prefix is then a system prompt); ``kv_tokens``: the context a
+    session may reach unless ``max_context`` says."""
     if w.trace is not None:
         from . import trace
 
         recorded, n = trace.requests(w)
         return Traffic(trace.arrivals(recorded, n, w.rate), recorded.prompt_tokens[:n].copy(),
-                       recorded.output_tokens[:n].copy())
+                       recorded.output_tokens[:n].copy(), trace.content(recorded, n, w.trace_hash_block))
+    if w.sessions is not None:
+        return _sessions(w, kv_tokens)
+    if w.system_prompts is not None or (caching and w.prefix_tokens):
+        t = generate(w.model_copy(update={"system_prompts": None, "prefix_tokens": 0}))
+        return Traffic(t.arrival_s, t.prompt_tokens, t.output_tokens, shares.with_system_prompts(w, len(t)))
     if w.rng == "stdlib":  # the lesson's stream: fixed prompts, lognormal or fixed outputs
         arrival, normal = _stdlib_draws(w)
         output = _from_normal(w.output, normal) if w.output.dist == "lognormal" else _fixed(w.output, w.n_requests)
         return Traffic(arrival, _fixed(w.prompt, w.n_requests), output)
     return Traffic(_numpy_arrivals(w, 0), _numpy_lengths(w.prompt, w.n_requests, w.seed, 2),
                    _numpy_lengths(w.output, w.n_requests, w.seed, 1))
+
+
+def _sessions(w: Workload, kv_tokens: int | None) -> Traffic:
+    n = w.n_requests
+    s = w.sessions
+    cap = s.max_context if s.max_context is not None else kv_tokens
+    followup = _numpy_lengths(s.followup or w.prompt, n, w.seed, shares.FOLLOWUP)
+    arrival, prompt, output, content = shares.sessions(
+        w, _numpy_arrivals(w, 0), _numpy_lengths(w.prompt, n, w.seed, 2), _numpy_lengths(w.output, n, w.seed, 1),
+        _numpy_lengths(s.turns, n, w.seed, shares.TURNS), followup, cap)
+    return Traffic(arrival, prompt, output, content)
 
 
 def routes(w: Workload, n: int, replicas: int, pool: int) -> np.ndarray:

@@ -182,5 +182,6 @@ def kv_blocks(config: Config) -> int | None:
 
 
 def prefix_blocks(config: Config) -> int:
-    """Blocks the shared prefix pins (whole blocks only: a warm prefix cache)."""
-    return config.workload.prefix_tokens // config.engine.block_tokens
+    """Blocks the shared prefix pins (whole blocks only: a warm prefix cache); none under prefix
+    caching, where the prefix is a system prompt cached like any content."""
+    return 0 if config.engine.prefix_caching else config.workload.prefix_tokens // config.engine.block_tokens

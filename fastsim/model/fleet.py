@@ -31,14 +31,23 @@ def with_pools(config: Config, replicas: int, prefill: int | None = None) -> Con
     return config.at(values)
 
 
+def cached(config: Config) -> bool:
+    """True when the engines run the prefix-caching loop: prefix caching, or sessions (whose
+    arrivals wait for completions)."""
+    return config.engine.prefix_caching or config.workload.sessions is not None
+
+
 def kind(config: Config) -> str:
     """How the fleet runs: ``one`` engine; replicas ``apart`` (a static router decides from the
     arrivals alone, so each replica runs by itself); a coupled ``pool`` (a load-aware router
-    reads every replica's state at each arrival); or ``disaggregated`` (a prefill pool, then
-    the decode replicas)."""
+    reads every replica's state at each arrival); ``disaggregated`` (a prefill pool, then
+    the decode replicas); or ``cached`` (prefix caching or sessions, one engine or replicas, in
+    one loop)."""
     f = config.fleet
     if disaggregated(config):
         return "disaggregated"
+    if cached(config):
+        return "cached"
     if f.replicas == 1:
         return "one"
     return "pool" if ROUTERS[f.router].load_aware else "apart"

@@ -19,6 +19,7 @@ ROUTERS: dict[str, Router] = {
     "random": Router(1, load_aware=False, draws=True),
     "least_outstanding": Router(2, load_aware=True),
     "least_kv": Router(3, load_aware=True, counts_blocks=True),
+    "prefix_aware": Router(4, load_aware=True, counts_blocks=True),
 }
 """Router name -> what it needs; the order is the order the docs and errors list them in."""
 assert [r.code for r in ROUTERS.values()] == list(range(len(ROUTERS)))

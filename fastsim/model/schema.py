@@ -23,6 +23,7 @@ from pydantic import (
 
 from .fields import ConfigError, Finite, Int, Section, _integral, doc  # ConfigError: imported from here by every layer
 from .lengths import Output, Prompt
+from .prefix import Sessions, SystemPrompts
 from . import routers
 from .hardware_model import Hardware, Model
 from .presets import HARDWARE
@@ -59,6 +60,8 @@ class Engine(Section):
                                                            "GB"))
     kv_cache_gb: float | None = Field(None, gt=0, **Finite, **doc(
         "the KV cache of a replica outright, overriding the memory rule (null: from memory)", "GB"))
+    prefix_caching: bool = Field(False, **doc(
+        "cache KV blocks by content and reuse them across requests (vLLM's automatic prefix caching)"))
 
     @field_validator("policy")
     @classmethod
@@ -82,14 +85,20 @@ class Workload(Section):
     prompt: Prompt = Prompt()
     output: Output = Output()
     prefix_tokens: Int = Field(0, ge=0, **doc(
-        "a shared prefix every prompt starts with, cached: whole blocks of it are pinned and never recomputed",
-        "tokens"))
+        "a shared prefix every prompt starts with: whole blocks of it pinned and never recomputed; with "
+        "engine.prefix_caching, one system prompt cached like any content", "tokens"))
+    system_prompts: SystemPrompts | None = Field(None, **doc(
+        "system prompts shared by groups of requests (needs engine.prefix_caching to be reused)"))
+    sessions: Sessions | None = Field(None, **doc(
+        "multi-turn sessions: rate counts sessions, each turn re-sends the conversation so far"))
     arrival: Literal["poisson", "gamma", "constant"] = Field("poisson", **doc(
         "poisson: exponential gaps; gamma: gamma gaps of shape burstiness; constant: every 1/rate, from 1/rate"))
     burstiness: float = Field(1.0, gt=0, **Finite, **doc(
         "gamma arrivals' shape: 1 is Poisson, below 1 burstier, above 1 smoother (vLLM bench's --burstiness)"))
     trace: str | None = Field(None, **doc(
-        "a recorded trace (CSV) replacing arrivals and lengths; relative to the config file that names it"))
+        "a recorded trace (CSV, or JSON lines with hash_ids) replacing arrivals and lengths; relative to the "
+        "config file that names it"))
+    trace_hash_block: Int = Field(512, ge=1, **doc("tokens per hash id of a JSON-lines trace", "tokens"))
 
     @property
     def max_output(self) -> int:
@@ -144,7 +153,7 @@ class Fleet(Section):
     replicas: Int = Field(1, ge=1, le=LARGEST_POOL, **doc(
         "replicas of the engine (decode replicas, with a prefill pool)", "replicas"))
     router: str = Field("round_robin", **doc(
-        "round_robin, random, least_outstanding or least_kv: which replica each request goes to"))
+        "round_robin, random, least_outstanding, least_kv or prefix_aware: which replica each request goes to"))
     prefill_replicas: Annotated[int | str, PlainValidator(_prefill_pool)] = Field(0, **doc(
         "a prefill pool in front (0: colocated; else the replicas only decode); auto: fastsim plan sizes it",
         "replicas"))
@@ -157,6 +166,8 @@ class Fleet(Section):
     kv_link_gb_s: float = Field(50.0, gt=0, **Finite, **doc(
         "each prefill replica's KV link to the decode pool (50: one 400 Gb/s NIC)", "GB/s"))
     kv_link_latency_ms: float = Field(0.0, ge=0, **Finite, **doc("fixed latency of one KV transfer", "ms"))
+    prefix_weight: float = Field(1.0, ge=0, **Finite, **doc(
+        "prefix_aware router: weight of a replica's missed prompt blocks against its KV blocks in use"))
 
     @field_validator("router")
     @classmethod

@@ -144,6 +144,13 @@ def requests_layout(result: Result) -> Layout:
                                                   "disaggregated; -1: done at its prefill)")
     if result.prefill_replica is not None:
         fields["prefill_replica"] = (result.prefill_replica, "1", "the prefill replica that ran its prompt")
+    if result.cached_tokens is not None:
+        fields["cached_tokens"] = (result.cached_tokens, "tokens", "prompt tokens found in the prefix cache at "
+                                                                   "its first admission")
+    if result.session is not None:
+        fields["session"] = (result.session, "1", "its session (-1: none)")
+        fields["turn"] = (result.turn, "1", "its turn in the session (1, 2, ...; 0: none)")
+        fields["system_prompt"] = (result.system_prompt, "1", "its system prompt (-1: none)")
     data = {name: (("request",), v, {"units": u, "long_name": ln}) for name, (v, u, ln) in fields.items()}
     coords = {"request": (("request",), np.arange(result.arrival_s.size), {})}
     attrs = {**_provenance(result.config), **{f"metric_{k}": v for k, v in result.metrics.items()}}

@@ -18,12 +18,14 @@ import re
 
 from ..engine.kernels import RING_MAX
 from ..model import fleet
+from ..model.cost import kv_blocks
 from ..model.schema import Config, ConfigError
 
 # Peak bytes a request, by how the fleet runs; measured (resident memory growth) at 1 M and
 # 10 M requests: one engine 99 (static) to 203 (continuous, serving model), replicas apart 235
 # to 270, a coupled pool 206 to 234, disaggregated 300 (load-aware) to 405 (round robin).
-BYTES_PER_REQUEST = {"one": 256, "apart": 352, "pool": 352, "disaggregated": 512}
+BYTES_PER_REQUEST = {"one": 256, "apart": 352, "pool": 352, "disaggregated": 512, "cached": 512}
+BYTES_PER_BLOCK = 5 * 8 + 4 * 16  # the prefix cache's arrays per block, and its table (up to 4 slots a block)
 BYTES_PER_RUN = 1 << 20  # calendar (512 KiB at most) and small arrays
 BYTES_PER_REPLICA = 512  # a pool's per-replica state, beside its calendar (8 bytes a bucket)
 BYTES_PER_POINT = 4 * 8  # per metric of a sweep's table: the table, a checkpoint copy, output
@@ -81,6 +83,8 @@ def replica_bytes(config: Config) -> int:
     ring = RING_MAX if w.trace is not None else min(w.max_output + 1, RING_MAX)
     stride = (ring + 63) // 64 * 64  # buckets, 8 bytes each, and the bitmap over them: a bit each
     calendar = stride * 8 + stride // 8 if how in ("pool", "disaggregated") else 0
+    if how == "cached":
+        calendar = (kv_blocks(config) or 0) * BYTES_PER_BLOCK  # its cache, in place of a calendar
     prefill = config.fleet.replicas if fleet.sized_by_plan(config) else config.fleet.prefill_replicas  # as many, at a guess
     return (config.fleet.replicas + prefill) * (BYTES_PER_REPLICA + calendar)
 

@@ -229,8 +229,8 @@ BAD_FLEETS = [
     (["fleet.replicas=1.5"], "fleet.replicas: Input should be a valid integer"),
     (["fleet.replicas=true"], "fleet.replicas: Input should be a valid integer"),
     (["fleet.replicaz=2"], "fleet.replicaz: unknown key (valid here: fleet.replicas, fleet.router"),
-    (["fleet.router=fastest"], "fleet.router: must be one of round_robin, random, least_outstanding, least_kv "
-                               "(got 'fastest')"),
+    (["fleet.router=fastest"], "fleet.router: must be one of round_robin, random, least_outstanding, least_kv, "
+                               "prefix_aware (got 'fastest')"),
     (["fleet.prefill_replicas=-1"], "fleet.prefill_replicas: must be a whole number of replicas from 0 to 1,000,000, or auto"),
     (["fleet.prefill_tp=0"], "fleet.prefill_tp: Input should be greater than or equal to 1"),
     (["fleet.prefill_hardware=h1000"], "fleet.prefill_hardware: unknown hardware preset 'h1000' (valid: h100-sxm"),

@@ -34,7 +34,9 @@ def test_contract_keys_all_exist():
     hardware.peak_tflops_fp8 hardware.peak_tflops_fp4 engine.expert_parallel
     model.config_json model.dtype model.kv_dtype model.vocab model.heads model.head_dim model.kv_lora_rank
     model.qk_rope_head_dim model.experts model.experts_per_token model.moe_layers model.expert_gb
-    calibration.stall_rate_hz calibration.stall_median_ms calibration.stall_sigma calibration.fitted_to""".split()
+    calibration.stall_rate_hz calibration.stall_median_ms calibration.stall_sigma calibration.fitted_to
+    engine.prefix_caching workload.system_prompts workload.sessions workload.trace_hash_block
+    fleet.prefix_weight""".split()
     assert sorted(contract) == sorted(LEAF_KEYS)
 
 

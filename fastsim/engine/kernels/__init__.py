@@ -128,6 +128,9 @@ class Outcome:
     k: np.ndarray  # the step-time coefficients the runs' durations come from
     replica: np.ndarray | None = None  # int32 (n,): the (decode) replica that served each request
     prefill_replica: np.ndarray | None = None  # int32 (n,): the prefill replica, or -1 (disaggregated)
+    arrival_s: np.ndarray | None = None  # float64 (n,): arrivals, when the run set some (sessions' later turns)
+    cached_tokens: np.ndarray | None = None  # int64 (n,): each request's prefix-cache hit at its first admission
+    prefix_hit_rate: float = float("nan")  # hit tokens at first admissions / prompt tokens (NaN: no cache)
 
 
 def _room(buffer: np.ndarray, size: int) -> np.ndarray:

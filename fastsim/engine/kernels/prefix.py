@@ -1,0 +1,432 @@
+"""The continuous-batching step loop with vLLM's automatic prefix cache, and with sessions whose
+next turn arrives after the turn before it is done (docs/model/prefix-cache.md): one engine, or
+replicas behind any router (``prefix_aware`` among them).
+
+A direct loop, step by step over the running requests: the cache is per block (:mod:`._cache`),
+so a step's work grows with the blocks it allocates, fills and frees. Replicas advance in time
+order (the one whose clock is earliest steps next), and every arrival, a recorded or drawn one or
+a session's released turn, is routed at its instant after every step that started before it
+(ties: the lower request index), so a turn released by a completion is routed in order even
+when another replica is ahead. With prefix caching off it runs sessions with paged blocks
+counted as :mod:`.continuous` counts them (nothing hits).
+
+State is struct of arrays: per request the rows of ``req``, per replica the columns of ``st``,
+per block the cache's arrays, a binary heap of released turns (time, request).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..._jit import jit
+from ...model.cost import step_time
+from ..router import LEAST_KV, LEAST_OUTSTANDING, RANDOM, ROUND_ROBIN
+from . import _cache
+from ._cache import drop, enqueue, find, key_of, put, unqueue
+from ._calendar import LOW, extend_run, record
+from ._running import cdiv
+
+# Per-request rows of ``req``.
+(G, C, HITS, TOP, OWN, RPREV, RNEXT, WNEXT, LAST_STEP, CACHED, REQ_ROWS) = range(11)
+# Per-replica columns of ``st``.
+(RHEAD, RTAIL, RUNNING, WHEAD, WTAIL, NWAIT, FREE, STEPS, BUSY, MAX_QUEUE, PREEMPTIONS, KV_SUM, KV_PEAK, OUTSTANDING,
+ RUN_KV, RUN_PAIRS, RUN_NW, RUN_M, RUN_S, N_STATE) = range(20)
+
+
+def stride_of(prompt: np.ndarray, output: np.ndarray, bt: int) -> int:
+    """The key stride: a power of two above any request's block count."""
+    most = int((prompt + output).max()) // bt + 2 if prompt.size else 2
+    return 1 << most.bit_length()
+
+
+def run(arrival, prompt, output, parent, shared, hash_start, hash_ids, hash_block, think, replicas, code, routes,
+        weight, limit, k, budget, blocks, bt, caching, api_s, runs, gaps):
+    """Allocate the state and run :func:`cached_pool`. Returns (first token, done, arrival,
+    replica, cached tokens, counters as :class:`~fastsim.engine.kernels.Counters` takes them)."""
+    n = arrival.size
+    first, done, arrived = np.empty(n), np.empty(n), arrival.copy()
+    replica = np.empty(n, np.int64)
+    req = np.zeros((REQ_ROWS, n), np.int64)
+    req[TOP] = req[RPREV] = req[RNEXT] = req[WNEXT] = req[CACHED] = -1
+    req[LAST_STEP] = -2
+    cache = _cache.start(replicas, blocks)
+    counters = cached_pool(arrived, prompt, output, parent, shared, hash_start, hash_ids, hash_block, think, replicas,
+                           code, routes, weight, limit, k, budget, blocks, bt, caching, api_s,
+                           stride_of(prompt, output, bt), req, *cache, first, done, replica, runs, gaps)
+    return first, done, arrived, replica, req[CACHED].copy(), counters
+
+
+@jit
+def _hit(i, g, rep, bt, prompt, parent, shared, hash_start, hash_ids, hash_block, stride, tkey, tval, size):
+    """Request ``i``'s hit on replica ``rep`` (blocks), with ``g`` tokens emitted: the longest
+    run of its blocks 0.. whose content is cached, leaving one token to compute."""
+    cap = (prompt[i] + g - 1) // bt
+    h = 0
+    while h < cap and find(tkey, tval, rep * size, size - 1, key_of(
+            i, h, bt, prompt, parent, shared, hash_start, hash_ids, hash_block, stride)) >= 0:
+        h += 1
+    return h
+
+
+@jit
+def cached_pool(arrival, prompt, output, parent, shared, hash_start, hash_ids, hash_block, think, replicas, code,
+                routes, weight, limit, k, budget, blocks, bt, caching, api_s, stride, req, key, ref, qprev, qnext,
+                below, ends, tkey, tval, first_token, done, replica, runs, gaps):
+    """Continuous batching with a prefix cache on ``replicas`` replicas of ``blocks`` blocks.
+
+    Parameters
+    ----------
+    arrival : float64 (n,)    arrival times; NaN for a session's later turn (set here when it is
+        released: the turn before's done time + ``api_s`` + ``think``)
+    prompt, output : int64 (n,)
+    parent, shared : int64 (n + G,)    the content tree (:mod:`fastsim.engine.content`)
+    hash_start, hash_ids : int64    a hash-id trace's ids per request (empty: the tree)
+    think : float64 (n,)    a later turn's think time (s), NaN otherwise
+    code : int    the router; ``routes`` the random router's draws; ``weight`` prefix_aware's
+    caching : bool    blocks are cached by content (else only counted)
+    req : int64 (REQ_ROWS, n)    per-request state, initialised by :func:`run`
+    key .. tval    the cache (:func:`fastsim.engine.kernels._cache.start`)
+    first_token, done : float64 (n,), replica : int64 (n,)    filled (engine times)
+    runs, gaps    as :func:`fastsim.engine.kernels.continuous.continuous`'s
+
+    Returns (steps, busy, max_queue, preemptions, KV block-steps, peak KV blocks, runs, gaps).
+    """
+    n = arrival.size
+    size = tval.size // replicas
+    mask = size - 1
+    g, c, hits, top, own = req[G], req[C], req[HITS], req[TOP], req[OWN]
+    rprev, rnext, wnext, last_step, cached = req[RPREV], req[RNEXT], req[WNEXT], req[LAST_STEP], req[CACHED]
+    last_t = np.zeros(n)
+    st = np.zeros((replicas, N_STATE), np.int64)
+    for r in range(replicas):
+        st[r, RHEAD] = st[r, RTAIL] = st[r, WHEAD] = st[r, WTAIL] = -1
+        st[r, FREE] = blocks
+    now_r = np.zeros(replicas)
+    heap_t = np.empty(n)  # released turns: a binary heap on (time, request)
+    heap_i = np.empty(n, np.int64)
+    nheap = 0
+    rows_i = np.empty(limit + 1, np.int64)
+    rows_c = np.empty(limit + 1, np.int64)
+    rows_n = np.empty(limit + 1, np.int64)
+    nruns = ngaps = 0
+    sp = 0  # the next request whose arrival was given
+    routed = 0
+    while True:
+        while sp < n and arrival[sp] != arrival[sp]:
+            sp += 1
+        t_next = np.inf
+        q = -1
+        if sp < n:
+            t_next, q = arrival[sp], sp
+        if nheap > 0 and (heap_t[0] < t_next or (heap_t[0] == t_next and heap_i[0] < q)):
+            t_next, q = heap_t[0], heap_i[0]
+        rep = -1
+        for r in range(replicas):
+            if (st[r, RUNNING] > 0 or st[r, NWAIT] > 0) and (rep < 0 or now_r[r] < now_r[rep]):
+                rep = r
+        if rep >= 0 and now_r[rep] < t_next:
+            # one step of replica ``rep``
+            base = rep * blocks
+            tb = rep * size
+            free = st[rep, FREE]
+            left = budget
+            nrows = 0
+            preempted = False
+            j = st[rep, RHEAD]
+            while j >= 0 and left > 0:  # 1. running requests, oldest first
+                take = min(prompt[j] + g[j] - c[j], left)
+                need = cdiv(c[j] + take, bt) - hits[j] - own[j]
+                gone = False
+                while need > free:  # preempt the newest
+                    v = st[rep, RTAIL]
+                    pv = rprev[v]
+                    if pv >= 0:
+                        rnext[pv] = -1
+                    else:
+                        st[rep, RHEAD] = -1
+                    st[rep, RTAIL] = pv
+                    st[rep, RUNNING] -= 1
+                    free += _release(v, rep, bt, prompt, parent, shared, hash_start, hash_ids, hash_block, stride,
+                                     hits, top, own, key, ref, qprev, qnext, below, ends, tkey, tval, tb, mask)
+                    c[v] = 0
+                    wnext[v] = st[rep, WHEAD]
+                    st[rep, WHEAD] = v
+                    if st[rep, WTAIL] < 0:
+                        st[rep, WTAIL] = v
+                    st[rep, NWAIT] += 1
+                    st[rep, PREEMPTIONS] += 1
+                    preempted = True
+                    if v == j:
+                        gone = True
+                        break
+                if gone:
+                    break
+                for _ in range(need):
+                    _allocate(j, rep, top, own, key, ref, qprev, qnext, below, ends, tkey, tval, tb, mask)
+                free -= need
+                if caching:
+                    _fill(j, c[j], c[j] + take, bt, prompt, parent, shared, hash_start, hash_ids, hash_block, stride,
+                          hits, top, own, key, below, tkey, tval, tb, mask)
+                rows_i[nrows], rows_c[nrows], rows_n[nrows] = j, c[j], take
+                nrows += 1
+                left -= take
+                j = rnext[j]
+            if not preempted:  # 2. admission from the front of the queue
+                while st[rep, RUNNING] < limit and left > 0 and st[rep, NWAIT] > 0:
+                    i = st[rep, WHEAD]
+                    h = 0
+                    free_hits = 0
+                    if caching:
+                        cap = (prompt[i] + g[i] - 1) // bt
+                        while h < cap:
+                            b = find(tkey, tval, tb, mask, key_of(i, h, bt, prompt, parent, shared, hash_start, hash_ids,
+                                                                  hash_block, stride))
+                            if b < 0:
+                                break
+                            free_hits += ref[b] == 0
+                            h += 1
+                    c0 = h * bt
+                    take = min(prompt[i] + g[i] - c0, left)
+                    new = cdiv(c0 + take, bt) - h
+                    if new + free_hits > free:
+                        break  # the head blocks the queue
+                    for jj in range(h):
+                        b = find(tkey, tval, tb, mask, key_of(i, jj, bt, prompt, parent, shared, hash_start, hash_ids,
+                                                              hash_block, stride))
+                        if ref[b] == 0:
+                            unqueue(qprev, qnext, ends, rep, b)
+                        ref[b] += 1
+                    free -= free_hits
+                    hits[i] = h
+                    for _ in range(new):
+                        _allocate(i, rep, top, own, key, ref, qprev, qnext, below, ends, tkey, tval, tb, mask)
+                    free -= new
+                    if cached[i] < 0:
+                        cached[i] = c0
+                    c[i] = c0
+                    if caching:
+                        _fill(i, c0, c0 + take, bt, prompt, parent, shared, hash_start, hash_ids, hash_block, stride,
+                              hits, top, own, key, below, tkey, tval, tb, mask)
+                    st[rep, WHEAD] = wnext[i]
+                    if wnext[i] < 0:
+                        st[rep, WTAIL] = -1
+                    st[rep, NWAIT] -= 1
+                    t = st[rep, RTAIL]
+                    rprev[i] = t
+                    rnext[i] = -1
+                    if t >= 0:
+                        rnext[t] = i
+                    else:
+                        st[rep, RHEAD] = i
+                    st[rep, RTAIL] = i
+                    st[rep, RUNNING] += 1
+                    rows_i[nrows], rows_c[nrows], rows_n[nrows] = i, c0, take
+                    nrows += 1
+                    left -= take
+            st[rep, MAX_QUEUE] = max(st[rep, MAX_QUEUE], st[rep, NWAIT])
+            st[rep, FREE] = free
+            if nrows == 0:
+                continue  # the only runner preempted itself: it is admitted next time
+            # 3. the step
+            n_tok = kv_tok = pairs = sampled = 0
+            for r in range(nrows):
+                i = rows_i[r]
+                n_tok += rows_n[r]
+                kv_tok += rows_c[r] + rows_n[r]
+                pairs += rows_n[r] * (2 * rows_c[r] + rows_n[r] + 1) // 2
+                sampled += rows_c[r] + rows_n[r] == prompt[i] + g[i]
+            used = blocks - free
+            st[rep, KV_SUM] += used
+            st[rep, KV_PEAK] = max(st[rep, KV_PEAK], used)
+            now = now_r[rep] + step_time(k, n_tok, kv_tok, pairs, sampled)
+            now_r[rep] = now
+            steps = st[rep, STEPS] + 1
+            st[rep, STEPS] = steps
+            w = 0
+            for r in range(nrows):
+                i = rows_i[r]
+                c[i] = rows_c[r] + rows_n[r]
+                if c[i] < prompt[i] + g[i]:
+                    continue
+                g[i] += 1
+                st[rep, BUSY] += 1
+                if g[i] == 1:
+                    first_token[i] = now
+                elif last_step[i] == steps - 1:
+                    w += 1
+                else:
+                    if ngaps < gaps.size:
+                        gaps[ngaps] = now - last_t[i]
+                    ngaps += 1
+                last_step[i] = steps
+                last_t[i] = now
+                if g[i] < output[i]:
+                    continue
+                done[i] = now
+                pv, nx = rprev[i], rnext[i]
+                if pv >= 0:
+                    rnext[pv] = nx
+                else:
+                    st[rep, RHEAD] = nx
+                if nx >= 0:
+                    rprev[nx] = pv
+                else:
+                    st[rep, RTAIL] = pv
+                st[rep, RUNNING] -= 1
+                st[rep, OUTSTANDING] -= 1
+                st[rep, FREE] += _release(i, rep, bt, prompt, parent, shared, hash_start, hash_ids, hash_block, stride,
+                                          hits, top, own, key, ref, qprev, qnext, below, ends, tkey, tval, tb, mask)
+                if i + 1 < n and think[i + 1] == think[i + 1]:  # the session's next turn is released
+                    t = now + api_s + think[i + 1]
+                    arrival[i + 1] = t
+                    nheap = _push(heap_t, heap_i, nheap, t, i + 1)
+            nruns, st[rep, RUN_KV], st[rep, RUN_PAIRS], st[rep, RUN_NW], st[rep, RUN_M], st[rep, RUN_S] = extend_run(
+                runs, nruns, st[rep, RUN_KV], st[rep, RUN_PAIRS], st[rep, RUN_NW], st[rep, RUN_M], st[rep, RUN_S],
+                n_tok, kv_tok, pairs, 1, w, sampled)
+            continue
+        if q < 0:
+            break
+        # route the arrival at t_next
+        if q == sp:
+            sp += 1
+        else:
+            nheap = _pop(heap_t, heap_i, nheap)
+        if code == ROUND_ROBIN:
+            to = routed % replicas
+        elif code == RANDOM:
+            to = routes[routed]
+        else:
+            to = 0
+            best = np.inf
+            for r in range(replicas):
+                used = blocks - st[r, FREE]
+                if code == LEAST_OUTSTANDING:
+                    score = 0.0
+                elif code == LEAST_KV:
+                    score = float(used)
+                else:
+                    miss = cdiv(prompt[q], bt) - (_hit(q, 0, r, bt, prompt, parent, shared, hash_start, hash_ids,
+                                                       hash_block, stride, tkey, tval, size) if caching else 0)
+                    score = miss * weight + used
+                if r == 0 or score < best or (score == best and st[r, OUTSTANDING] < st[to, OUTSTANDING]):
+                    to = r
+                    best = score
+        routed += 1
+        replica[q] = to
+        st[to, OUTSTANDING] += 1
+        if st[to, RUNNING] == 0 and st[to, NWAIT] == 0:
+            now_r[to] = max(now_r[to], t_next)
+        wnext[q] = -1
+        if st[to, WTAIL] >= 0:
+            wnext[st[to, WTAIL]] = q
+        else:
+            st[to, WHEAD] = q
+        st[to, WTAIL] = q
+        st[to, NWAIT] += 1
+    steps = busy = max_queue = preemptions = kv_sum = kv_peak = 0
+    for r in range(replicas):
+        nruns = record(runs, nruns, st[r, RUN_NW] >> 32, st[r, RUN_KV], st[r, RUN_PAIRS], st[r, RUN_M],
+                       st[r, RUN_NW] & LOW, st[r, RUN_S])
+        steps += st[r, STEPS]
+        busy += st[r, BUSY]
+        max_queue = max(max_queue, st[r, MAX_QUEUE])
+        preemptions += st[r, PREEMPTIONS]
+        kv_sum += st[r, KV_SUM]
+        kv_peak = max(kv_peak, st[r, KV_PEAK])
+    return steps, busy, max_queue, preemptions, kv_sum, kv_peak, nruns, ngaps
+
+
+@jit
+def _allocate(i, rep, top, own, key, ref, qprev, qnext, below, ends, tkey, tval, tb, mask):
+    """Give request ``i`` the free queue's head, forgetting its content; on top of its stack."""
+    b = ends[rep, 0]
+    unqueue(qprev, qnext, ends, rep, b)
+    if key[b] >= 0:
+        drop(tkey, tval, tb, mask, key[b])
+        key[b] = -1
+    ref[b] = 1
+    below[b] = top[i]
+    top[i] = b
+    own[i] += 1
+
+
+@jit
+def _fill(i, c0, c1, bt, prompt, parent, shared, hash_start, hash_ids, hash_block, stride, hits, top, own, key, below,
+          tkey, tval, tb, mask):
+    """Blocks of request ``i`` that computing tokens c0..c1 fills get their content, unless
+    another block holds it."""
+    lo, hi = c0 // bt, c1 // bt
+    if hi <= lo:
+        return
+    j = hits[i] + own[i] - 1  # the block on top of its stack
+    b = top[i]
+    while j >= hi:
+        b = below[b]
+        j -= 1
+    while j >= lo:
+        kk = key_of(i, j, bt, prompt, parent, shared, hash_start, hash_ids, hash_block, stride)
+        if find(tkey, tval, tb, mask, kk) < 0:
+            put(tkey, tval, tb, mask, kk, b)
+            key[b] = kk
+        b = below[b]
+        j -= 1
+
+
+@jit
+def _release(i, rep, bt, prompt, parent, shared, hash_start, hash_ids, hash_block, stride, hits, top, own, key, ref,
+             qprev, qnext, below, ends, tkey, tval, tb, mask):
+    """Request ``i`` lets go of its blocks, last to first; those no one else holds join the
+    free queue's tail, keeping their content. Returns how many did."""
+    freed = 0
+    b = top[i]
+    while b >= 0:
+        nx = below[b]
+        ref[b] -= 1
+        if ref[b] == 0:
+            enqueue(qprev, qnext, ends, rep, b)
+            freed += 1
+        b = nx
+    for j in range(hits[i] - 1, -1, -1):
+        b = find(tkey, tval, tb, mask, key_of(i, j, bt, prompt, parent, shared, hash_start, hash_ids, hash_block, stride))
+        ref[b] -= 1
+        if ref[b] == 0:
+            enqueue(qprev, qnext, ends, rep, b)
+            freed += 1
+    top[i] = -1
+    own[i] = 0
+    hits[i] = 0
+    return freed
+
+
+@jit
+def _push(heap_t, heap_i, size, t, i):
+    j = size
+    while j > 0:
+        up = (j - 1) >> 1
+        if heap_t[up] < t or (heap_t[up] == t and heap_i[up] < i):
+            break
+        heap_t[j], heap_i[j] = heap_t[up], heap_i[up]
+        j = up
+    heap_t[j], heap_i[j] = t, i
+    return size + 1
+
+
+@jit
+def _pop(heap_t, heap_i, size):
+    size -= 1
+    t, i = heap_t[size], heap_i[size]
+    j = 0
+    while True:
+        child = 2 * j + 1
+        if child >= size:
+            break
+        if child + 1 < size and (heap_t[child + 1] < heap_t[child] or (
+                heap_t[child + 1] == heap_t[child] and heap_i[child + 1] < heap_i[child])):
+            child += 1
+        if heap_t[child] > t or (heap_t[child] == t and heap_i[child] > i):
+            break
+        heap_t[j], heap_i[j] = heap_t[child], heap_i[child]
+        j = child
+    if size > 0:
+        heap_t[j], heap_i[j] = t, i
+    return size

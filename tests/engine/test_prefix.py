@@ -1,0 +1,192 @@
+"""The prefix-caching kernel against the prefix oracle (tests/oracles/prefix.py), written from
+docs/model/prefix-cache.md: system prompts, sessions, hash-id and conversation traces, small
+caches that evict and preempt, one engine and every router."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fastsim import Config, simulate
+from fastsim.analysis.simulation import measure
+from fastsim.engine import content as shares
+from fastsim.engine import fleet
+from fastsim.engine.traffic import Traffic, of, routes
+
+from ..oracles import prefix as oracle_prefix
+from ..strategies import close, oracle_engine
+
+ROUTERS = ["round_robin", "random", "least_outstanding", "least_kv", "prefix_aware"]
+
+
+@st.composite
+def prefix_configs(draw) -> Config:
+    """A continuous engine with a small paged KV cache, prefix caching on or off, system prompts
+    and/or sessions, one engine or replicas behind any router."""
+    bt = draw(st.sampled_from([1, 2, 4, 16]))
+    prompt = draw(st.integers(8, 120))
+    o_max = draw(st.integers(1, 30))
+    limit = draw(st.integers(1, 8))
+    caching = draw(st.booleans())
+    v = {
+        "engine.max_batch": limit,
+        "engine.block_tokens": bt,
+        "engine.prefix_caching": caching,
+        "workload.n_requests": draw(st.integers(1, 40)),
+        "workload.rate": draw(st.floats(1.0, 2000.0)),
+        "workload.seed": draw(st.integers(0, 2**32)),
+        "workload.prompt.dist": draw(st.sampled_from(["fixed", "uniform"])),
+        "workload.prompt.value": prompt,
+        "workload.prompt.min": draw(st.integers(2, prompt)),
+        "workload.prompt.max": prompt,
+        "workload.output.dist": draw(st.sampled_from(["fixed", "uniform", "lognormal"])),
+        "workload.output.value": draw(st.integers(1, o_max)),
+        "workload.output.max": o_max,
+        "workload.output.mu": draw(st.floats(0.0, math.log(o_max))),
+        "hardware.peak_tflops": draw(st.sampled_from([None, 50.0])),
+        "model.params_b": 8.0,
+        "model.n_layers": 32,
+        "model.attn_dim": 4096,
+        "model.hidden": 4096,
+        "calibration.step_overhead_ms": draw(st.sampled_from([0.0, 1.5])),
+        "calibration.api_overhead_ms": draw(st.sampled_from([0.0, 20.0])),
+    }
+    if draw(st.booleans()):
+        v["engine.max_batched_tokens"] = draw(st.integers(limit, 200))
+    shortest = v["workload.prompt.min"] if v["workload.prompt.dist"] != "fixed" else prompt
+    if draw(st.booleans()):
+        v["workload.system_prompts"] = {"count": draw(st.integers(1, 4)), "tokens": draw(st.integers(1, shortest - 1)),
+                                        "popularity": draw(st.sampled_from(["uniform", "zipf"]))}
+    elif caching and draw(st.booleans()):
+        v["workload.prefix_tokens"] = draw(st.integers(1, shortest - 1))
+    longest = prompt + o_max
+    if draw(st.booleans()):
+        cap = draw(st.integers(longest, 4 * longest))
+        v["workload.sessions"] = {"turns": {"dist": "uniform", "min": 1, "max": draw(st.integers(1, 6))},
+                                  "followup": {"dist": "uniform", "min": 1, "max": draw(st.integers(1, 40))},
+                                  "think_s": draw(st.sampled_from([{"dist": "fixed", "value": 0.0},
+                                                                   {"dist": "exponential", "mean": 0.05}])),
+                                  "max_context": cap}
+        longest = cap
+    tokens = draw(st.integers(longest, 3 * longest))  # from just enough for the longest request
+    v["engine.kv_cache_gb"] = math.ceil(tokens / bt) * bt * 131072 / 1e9 * (1 + 1e-12)
+    replicas = draw(st.integers(1, 3))
+    router = draw(st.sampled_from(ROUTERS if caching else ROUTERS[:4]))
+    v.update({"fleet.replicas": replicas, "fleet.router": router, "fleet.prefix_weight": draw(st.sampled_from(
+        [0.0, 1.0, 3.5]))})
+    if not caching and v.get("workload.sessions") is None:
+        v["engine.prefix_caching"] = True  # the plain continuous kernel runs the rest
+    return Config().with_values(v)
+
+
+def oracle(config: Config, traffic: Traffic) -> dict:
+    c = traffic.content if traffic.content is not None else shares.none(len(traffic))
+    f = config.fleet
+    draws = routes(config.workload, len(traffic), f.replicas, 0).tolist() if f.router == "random" else None
+    engine = oracle_engine(config)
+    engine.prefix_blocks = 0
+    return oracle_prefix.simulate(traffic.arrival_s.tolist(), traffic.prompt_tokens.tolist(),
+                                  traffic.output_tokens.tolist(), c, engine, caching=config.engine.prefix_caching,
+                                  replicas=f.replicas, router=f.router, weight=f.prefix_weight, routes=draws)
+
+
+def agree(config: Config, traffic: Traffic) -> None:
+    fast = fleet.run(config, traffic)
+    slow = oracle(config, traffic)
+    arrival = traffic.arrival_s if fast.arrival_s is None else fast.arrival_s
+    assert close(arrival, slow["arrival"])
+    assert close(fast.first_token_s, slow["first_token"])
+    assert close(fast.done_s, slow["done"])
+    assert fast.replica.tolist() == slow["replica"]
+    assert (fast.steps, fast.busy_slot_steps, fast.max_queue, fast.preemptions) == (
+        slow["steps"], slow["busy"], slow["max_queue"], slow["preemptions"])
+    if config.engine.prefix_caching:
+        assert fast.cached_tokens.tolist() == slow["cached"]
+        assert fast.prefix_hit_rate == sum(slow["cached"]) / float(traffic.prompt_tokens.sum())
+    assert fast.kv_block_steps == sum(slow["kv_used"])
+    m = measure(config, traffic, fast)
+    gaps = sorted(slow["gaps"])
+    for p, name in ((0.5, "itl_p50_s"), (0.99, "itl_p99_s")):
+        want = gaps[min(len(gaps) - 1, int(p * len(gaps)))] if gaps else math.nan
+        assert close(m[name], want), name
+
+
+@settings(max_examples=300, deadline=None)
+@given(prefix_configs())
+def test_the_kernel_matches_the_prefix_oracle(config):
+    agree(config, of(config))
+
+
+@st.composite
+def recorded(draw):
+    """A config and traffic with recorded content: hash ids (the Mooncake format) or a
+    conversation's parent links, on a small cache."""
+    n = draw(st.integers(1, 30))
+    bt = draw(st.sampled_from([1, 2, 4]))
+    hb = draw(st.sampled_from([1, 3, 4, 8]))
+    prompt = np.array(draw(st.lists(st.integers(1, 60), min_size=n, max_size=n)), np.int64)
+    output = np.array(draw(st.lists(st.integers(1, 12), min_size=n, max_size=n)), np.int64)
+    arrival = np.cumsum(draw(st.lists(st.sampled_from([0.0, 0.001, 0.01, 0.2]), min_size=n, max_size=n)))
+    c = shares.none(n)
+    if draw(st.booleans()):  # hash ids: a random prefix tree of ids
+        ids, start = [], [0]
+        for r in range(n):
+            count = -(-int(prompt[r]) // hb)
+            other = draw(st.integers(0, max(r - 1, 0)))
+            common = draw(st.integers(0, count)) if r else 0
+            mine = ids[start[other]:start[other + 1]][:common] if r else []
+            mine = mine + [1000 + r * 100 + i for i in range(len(mine), count)]
+            ids += mine
+            start.append(len(ids))
+        c = shares.Content(c.parent, c.shared, np.array(start, np.int64), np.array(ids, np.int64), hb, c.session,
+                           c.turn, c.system_prompt, c.think_s)
+    else:  # a conversation: a parent among the earlier rows, its prompt + output shared
+        parent = np.array([draw(st.integers(-1, r - 1)) for r in range(n)], np.int64)
+        shared = np.where(parent >= 0, np.minimum((prompt + output)[np.maximum(parent, 0)], prompt), 0)
+        c = shares.Content(parent, shared, c.hash_start, c.hash_ids, 1, c.session, c.turn, c.system_prompt, c.think_s)
+    longest = int((prompt + output).max())
+    tokens = draw(st.integers(longest, 3 * longest))
+    router = draw(st.sampled_from(ROUTERS))
+    config = Config().with_values({
+        "engine.max_batch": draw(st.integers(1, 6)), "engine.block_tokens": bt, "engine.prefix_caching": True,
+        "engine.kv_cache_gb": math.ceil(tokens / bt) * bt * 131072 / 1e9 * (1 + 1e-12),
+        "fleet.replicas": draw(st.integers(1, 3)), "fleet.router": router, "model.params_b": 8.0,
+        "hardware.peak_tflops": 50.0, "model.n_layers": 32, "model.attn_dim": 4096, "model.hidden": 4096,
+        "workload.n_requests": n})
+    return config, Traffic(arrival, prompt, output, c)
+
+
+@settings(max_examples=200, deadline=None)
+@given(recorded())
+def test_recorded_content_matches_the_oracle(case):
+    agree(*case)
+
+
+def test_sessions_follow_the_rules():
+    """Turn k+1's prompt is turn k's prompt + output + a follow-up; it shares all of turn k;
+    turn 1 shares its system prompt; turns count toward n_requests; think times follow done."""
+    config = Config().with_values({
+        "hardware.preset": "h100-sxm", "model.preset": "llama-3.1-8b", "engine.prefix_caching": True,
+        "workload.n_requests": 400, "workload.prompt.dist": "uniform", "workload.prompt.min": 100,
+        "workload.prompt.max": 300, "workload.system_prompts": {"count": 3, "tokens": 50},
+        "workload.sessions": {"turns": {"dist": "uniform", "min": 2, "max": 6},
+                              "think_s": {"dist": "fixed", "value": 2.0}}})
+    t = of(config)
+    c = t.content
+    n = len(t)
+    assert n == 400
+    later = np.flatnonzero(c.turn > 1)
+    assert (c.session[later] == c.session[later - 1]).all() and (c.turn[later] == c.turn[later - 1] + 1).all()
+    before = t.prompt_tokens[later - 1] + t.output_tokens[later - 1]
+    assert (t.prompt_tokens[later] > before).all() and (c.shared[later] == before).all()
+    assert (c.parent[later] == later - 1).all()
+    first = np.flatnonzero(c.turn == 1)
+    assert (c.parent[first] == n + c.system_prompt[first]).all() and (c.shared[first] == 50).all()
+    assert np.isnan(t.arrival_s[later]).all() and (np.diff(t.arrival_s[first]) >= 0).all()
+    r = simulate(config)
+    assert (r.arrival_s[later] == r.done_s[later - 1] + 2.0).all()
+    assert r.metrics["prefix_hit_rate"] > 0.5
+    assert (r.cached_tokens[later] >= before // 16 * 16 - 16).all()  # every earlier turn still cached

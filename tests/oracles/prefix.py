@@ -1,0 +1,244 @@
+"""A deliberately simple pure-Python simulator of vLLM's automatic prefix cache and of sessions
+(docs/model/prefix-cache.md): the oracle of the prefix-caching kernel.
+
+Every physical block is a Python object slot (its content key or None, its reference count); the
+free queue is a list; a dict maps content to the block that holds it; each request keeps the list
+of blocks it holds. Replicas advance step by step in time order, every arrival (a static one or a
+session's next turn, released when the turn before is done) routed at its instant after every
+step that started before it. Literal and slow; the kernel must agree exactly.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+
+from .serving import Engine
+
+
+class Shares:
+    """Content identity (the docs' rules, read literally)."""
+
+    def __init__(self, n, prompt, parent, shared, hash_start, hash_ids, hash_block, block_tokens):
+        self.n, self.prompt, self.parent, self.shared = n, prompt, parent, shared
+        self.hash_start, self.hash_ids, self.hash_block, self.B = hash_start, hash_ids, hash_block, block_tokens
+
+    def key(self, r, j):
+        B = self.B
+        if len(self.hash_start):
+            if (j + 1) * B <= self.prompt[r]:
+                i = ((j + 1) * B - 1) // self.hash_block
+                return ("hash", self.hash_ids[self.hash_start[r] + i], j)
+            return ("own", r, j)
+        node = r
+        while self.parent[node] >= 0 and (j + 1) * B <= self.shared[node]:
+            node = self.parent[node]
+        return ("own", node, j)
+
+
+class CachedReplica:
+    def __init__(self, e: Engine, shares: Shares, prompt, output, caching):
+        self.e, self.s, self.prompt, self.output, self.caching = e, shares, prompt, output, caching
+        B = e.block_tokens
+        self.B = B
+        self.block_key = [None] * e.blocks
+        self.ref = [0] * e.blocks
+        self.free = list(range(e.blocks))
+        self.where = {}
+        self.g, self.c, self.blocks = {}, {}, {}
+        self.last_emit, self.last_emit_time = {}, {}
+        self.first_token, self.done, self.cached = {}, {}, {}
+        self.now, self.steps, self.busy, self.max_queue, self.preemptions = 0.0, 0, 0, 0, 0
+        self.kv_used, self.gaps = [], []
+        self.waiting, self.running = [], []
+
+    def join(self, i):
+        self.waiting.append(i)
+        self.g[i], self.c[i], self.blocks[i] = 0, 0, []
+        self.last_emit[i] = None
+
+    def has_work(self):
+        return bool(self.waiting or self.running)
+
+    def outstanding(self):
+        return len(self.waiting) + len(self.running)
+
+    def in_use(self):
+        return self.e.blocks - len(self.free)
+
+    def hit(self, i, g):
+        if not self.caching:
+            return 0
+        cap = (self.prompt[i] + g - 1) // self.B
+        h = 0
+        while h < cap and self.s.key(i, h) in self.where:
+            h += 1
+        return h
+
+    def _allocate(self, i):
+        b = self.free.pop(0)
+        if self.block_key[b] is not None:
+            del self.where[self.block_key[b]]
+            self.block_key[b] = None
+        self.ref[b] = 1
+        self.blocks[i].append(b)
+
+    def _fill(self, i, c0, c1):
+        if not self.caching:
+            return
+        for j in range(c0 // self.B, c1 // self.B):
+            k = self.s.key(i, j)
+            if k not in self.where:
+                b = self.blocks[i][j]
+                self.where[k] = b
+                self.block_key[b] = k
+
+    def _release(self, i):
+        for b in reversed(self.blocks[i]):
+            self.ref[b] -= 1
+            if self.ref[b] == 0:
+                self.free.append(b)
+        self.blocks[i] = []
+
+    def iterate(self):
+        e, B, prompt, g, c = self.e, self.B, self.prompt, self.g, self.c
+        waiting, running = self.waiting, self.running
+        rows = []
+        budget = e.budget
+        preempted = False
+        pos = 0
+        while pos < len(running) and budget > 0:
+            i = running[pos]
+            take = min(prompt[i] + g[i] - c[i], budget)
+            need = math.ceil((c[i] + take) / B) - len(self.blocks[i])
+            while need > len(self.free):
+                v = running.pop()
+                self._release(v)
+                c[v] = 0
+                waiting.insert(0, v)
+                self.preemptions += 1
+                preempted = True
+                if v == i:
+                    break
+            if i not in running:
+                break
+            for _ in range(need):
+                self._allocate(i)
+            self._fill(i, c[i], c[i] + take)
+            rows.append((i, c[i], take))
+            budget -= take
+            pos += 1
+        if not preempted:
+            while waiting and len(running) < e.limit and budget > 0:
+                i = waiting[0]
+                h = self.hit(i, g[i])
+                hits = [self.where[self.s.key(i, j)] for j in range(h)]
+                c0 = h * B
+                take = min(prompt[i] + g[i] - c0, budget)
+                new = math.ceil((c0 + take) / B) - h
+                if new + sum(1 for b in hits if self.ref[b] == 0) > len(self.free):
+                    break
+                for b in hits:
+                    if self.ref[b] == 0:
+                        self.free.remove(b)
+                    self.ref[b] += 1
+                self.blocks[i] = list(hits)
+                for _ in range(new):
+                    self._allocate(i)
+                if i not in self.cached:
+                    self.cached[i] = c0
+                c[i] = c0
+                self._fill(i, c0, c0 + take)
+                running.append(waiting.pop(0))
+                rows.append((i, c0, take))
+                budget -= take
+        self.max_queue = max(self.max_queue, len(waiting))
+        if not rows:
+            return []
+        N = sum(t for _, _, t in rows)
+        C = sum(c0 + t for _, c0, t in rows)
+        A = sum(t * (2 * c0 + t + 1) // 2 for _, c0, t in rows)
+        S = sum(1 for i, c0, t in rows if c0 + t == prompt[i] + g[i])
+        d = e.cost(N, C, A, S)
+        self.now += d
+        self.steps += 1
+        self.kv_used.append(self.in_use())
+        finished = []
+        for i, c0, t in rows:
+            c[i] = c0 + t
+            if c[i] == prompt[i] + g[i]:
+                g[i] += 1
+                self.busy += 1
+                if g[i] > 1:
+                    self.gaps.append(d if self.last_emit[i] == self.steps - 1 else self.now - self.last_emit_time[i])
+                self.last_emit[i] = self.steps
+                self.last_emit_time[i] = self.now
+                if g[i] == 1:
+                    self.first_token[i] = self.now
+                if g[i] == self.output[i]:
+                    self.done[i] = self.now
+                    running.remove(i)
+                    self._release(i)
+                    finished.append(i)
+        return finished if finished else [None]
+
+
+def simulate(arrival, prompt, output, content, e: Engine, caching=True, replicas=1, router="round_robin",
+             weight=1.0, routes=None):
+    """Requests (``arrival`` NaN for a session's later turn) on ``replicas`` replicas; returns a
+    dict of per-request client times and arrivals, cached tokens, replica, and the counters."""
+    n = len(arrival)
+    B = e.block_tokens
+    shares = Shares(n, prompt, content.parent, content.shared, content.hash_start, content.hash_ids,
+                    content.hash_block, B)
+    reps = [CachedReplica(e, shares, prompt, output, caching) for _ in range(replicas)]
+    pending = [(arrival[i], i) for i in range(n) if not math.isnan(arrival[i])]
+    heapq.heapify(pending)
+    arrived = list(arrival)
+    where = [None] * n
+    routed = 0
+    while True:
+        t_next = pending[0][0] if pending else math.inf
+        busy = [r for r in range(replicas) if reps[r].has_work()]
+        r = min(busy, key=lambda x: (reps[x].now, x)) if busy else None
+        if r is not None and reps[r].now < t_next:
+            rep = reps[r]
+            finished = rep.iterate()
+            if not finished:
+                continue  # the only runner preempted itself: admitted next iteration
+            for i in finished:
+                if i is not None and i + 1 < n and content.turn[i + 1] > 1 and content.session[i + 1] == content.session[i]:
+                    t = rep.done[i] + e.api_s + content.think_s[i + 1]
+                    arrived[i + 1] = t
+                    heapq.heappush(pending, (t, i + 1))
+            continue
+        if not pending:
+            break
+        t, q = heapq.heappop(pending)
+        if router == "round_robin":
+            k = routed % replicas
+        elif router == "random":
+            k = routes[routed]
+        else:
+            def score(x):
+                rep = reps[x]
+                if router == "least_outstanding":
+                    return (rep.outstanding(), x)
+                if router == "least_kv":
+                    return (rep.in_use(), rep.outstanding(), x)
+                miss = math.ceil(prompt[q] / B) - rep.hit(q, 0)
+                return (miss * weight + rep.in_use(), rep.outstanding(), x)
+            k = min(range(replicas), key=score)
+        routed += 1
+        where[q] = k
+        rep = reps[k]
+        if not rep.has_work():
+            rep.now = max(rep.now, t)
+        rep.join(q)
+    first = [reps[where[i]].first_token[i] + e.api_s for i in range(n)]
+    done = [reps[where[i]].done[i] + e.api_s for i in range(n)]
+    return dict(arrival=arrived, first_token=first, done=done, replica=where,
+                cached=[reps[where[i]].cached[i] for i in range(n)],
+                steps=sum(x.steps for x in reps), busy=sum(x.busy for x in reps),
+                preemptions=sum(x.preemptions for x in reps), max_queue=max(x.max_queue for x in reps),
+                kv_used=[u for x in reps for u in x.kv_used], gaps=[gp for x in reps for gp in x.gaps])
