@@ -1,16 +1,18 @@
 """The prefix cache's blocks (docs/model/prefix-cache.md), shared by the caching kernel's
-replicas: arrays indexed by physical block (replica r's are ``r * blocks .. (r + 1) * blocks - 1``)
-and one open-addressing table per replica from content key to the block that holds it.
+replicas: one row of ``blk`` per physical block (replica r's are ``r * blocks .. (r + 1) *
+blocks - 1``; a block's fields side by side, so a block costs one cache miss, not five) and one
+open-addressing table per replica from content key to the block that holds it (``tab`` rows:
+key, block).
 
-- ``key[b]``: the content block b holds (-1: none: never full, a partial block, or a content
-  another block held first); ``ref[b]``: requests holding it.
-- The free queue: blocks with ``ref`` 0, doubly linked (``qprev``/``qnext``), head and tail per
-  replica in ``ends``; allocation takes the head (forgetting its content), release appends.
-- ``below[b]``: a request's own blocks (those it allocated) form a stack through it, newest on
-  top; the blocks it hit are found again by their content, which cannot change while held.
+- ``blk[b, KEY]``: the content block b holds (-1: none: never full, a partial block, or a
+  content another block held first); ``blk[b, REF]``: requests holding it.
+- The free queue: blocks with REF 0, doubly linked (QPREV, QNEXT), head and tail per replica in
+  ``ends``; allocation takes the head (forgetting its content), release appends.
+- BELOW: a request's own blocks (those it allocated) form a stack through it, newest on top;
+  the blocks it hit are found again by their content, which cannot change while held.
 
 Content keys: ``node * stride + j`` for block j of a tree node (a request or a system prompt), or
-``(nodes + id) * stride + j`` for a hash-id trace's hash id (:func:`key_of`).
+``(nodes + id) * stride + j`` for a hash-id trace's hash id (:func:`key_at`).
 """
 
 from __future__ import annotations
@@ -20,21 +22,47 @@ import numpy as np
 from ..._jit import inline
 
 EMPTY = -1
+KEY, REF, QPREV, QNEXT, BELOW, FIELDS = range(6)
 MIX = -7046029254386353131  # 0x9E3779B97F4A7C15 as int64: Fibonacci hashing
 
 
 @inline
-def key_of(r, j, bt, prompt, parent, shared, hash_start, hash_ids, hash_block, stride):
-    """The content key of block ``j`` of request ``r``."""
+def chain(r, bt, parent, shared, cnode, clo):
+    """Request ``r``'s owners of content, from itself up the tree: ``cnode[k]`` owns its blocks
+    j in [clo[k], clo[k - 1]) (clo[-1]: no end). Block j of a node is its parent's while
+    (j + 1) bt <= shared, that is j < shared // bt, so clo[k] = min(shared[n_0..n_k] // bt), and
+    the chain ends where that reaches 0 or a node has no parent. Returns its length."""
+    m = 0
+    node = r
+    lo = 1 << 62
+    while True:
+        cnode[m] = node
+        if parent[node] < 0:
+            clo[m] = 0
+            return m + 1
+        lo = min(lo, shared[node] // bt)
+        clo[m] = lo
+        m += 1
+        if lo == 0:
+            return m
+        node = parent[node]
+
+
+@inline
+def key_at(r, j, k, bt, prompt, hash_start, hash_ids, hash_block, nodes, stride, cnode, clo):
+    """(the content key of block ``j`` of request ``r``, the chain index owning it), searching
+    the chain (:func:`chain`) from index ``k``: callers walk j up or down, so each search is a
+    step or two. A hash-id trace's request names its blocks by its ids instead."""
     if hash_start.size > 0:
         if (j + 1) * bt <= prompt[r]:
             i = ((j + 1) * bt - 1) // hash_block
-            return (parent.size + hash_ids[hash_start[r] + i]) * stride + j
-        return r * stride + j
-    node = r
-    while parent[node] >= 0 and (j + 1) * bt <= shared[node]:
-        node = parent[node]
-    return node * stride + j
+            return (nodes + hash_ids[hash_start[r] + i]) * stride + j, k
+        return r * stride + j, k
+    while j < clo[k]:
+        k += 1
+    while k > 0 and j >= clo[k - 1]:
+        k -= 1
+    return cnode[k] * stride + j, k
 
 
 @inline
@@ -44,45 +72,45 @@ def _slot(key, mask):
 
 
 @inline
-def find(tkey, tval, base, mask, key):
+def find(tab, base, mask, key):
     """The block holding content ``key`` in the table at ``base``, or -1."""
     i = _slot(key, mask)
     while True:
-        k = tkey[base + i]
+        k = tab[base + i, 0]
         if k == key:
-            return tval[base + i]
+            return tab[base + i, 1]
         if k == EMPTY:
             return -1
         i = (i + 1) & mask
 
 
 @inline
-def put(tkey, tval, base, mask, key, block):
+def put(tab, base, mask, key, block):
     i = _slot(key, mask)
-    while tkey[base + i] != EMPTY:
+    while tab[base + i, 0] != EMPTY:
         i = (i + 1) & mask
-    tkey[base + i] = key
-    tval[base + i] = block
+    tab[base + i, 0] = key
+    tab[base + i, 1] = block
 
 
 @inline
-def drop(tkey, tval, base, mask, key):
+def drop(tab, base, mask, key):
     """Remove ``key`` (present) by backward shifting, so that lookups need no tombstones."""
     i = _slot(key, mask)
-    while tkey[base + i] != key:
+    while tab[base + i, 0] != key:
         i = (i + 1) & mask
     j = i
     while True:
         j = (j + 1) & mask
-        k = tkey[base + j]
+        k = tab[base + j, 0]
         if k == EMPTY:
             break
         home = _slot(k, mask)
         if (i <= j and (home <= i or home > j)) or (i > j and home <= i and home > j):
-            tkey[base + i] = k
-            tval[base + i] = tval[base + j]
+            tab[base + i, 0] = k
+            tab[base + i, 1] = tab[base + j, 1]
             i = j
-    tkey[base + i] = EMPTY
+    tab[base + i, 0] = EMPTY
 
 
 def table_size(blocks: int) -> int:
@@ -94,39 +122,38 @@ def table_size(blocks: int) -> int:
 
 
 @inline
-def unqueue(qprev, qnext, ends, rep, b):
-    p, nx = qprev[b], qnext[b]
+def unqueue(blk, ends, rep, b):
+    p, nx = blk[b, QPREV], blk[b, QNEXT]
     if p >= 0:
-        qnext[p] = nx
+        blk[p, QNEXT] = nx
     else:
         ends[rep, 0] = nx
     if nx >= 0:
-        qprev[nx] = p
+        blk[nx, QPREV] = p
     else:
         ends[rep, 1] = p
 
 
 @inline
-def enqueue(qprev, qnext, ends, rep, b):
+def enqueue(blk, ends, rep, b):
     t = ends[rep, 1]
-    qprev[b] = t
-    qnext[b] = -1
+    blk[b, QPREV] = t
+    blk[b, QNEXT] = -1
     if t >= 0:
-        qnext[t] = b
+        blk[t, QNEXT] = b
     else:
         ends[rep, 0] = b
     ends[rep, 1] = b
 
 
 def start(replicas: int, blocks: int) -> tuple[np.ndarray, ...]:
-    """Every replica's blocks free, in index order, without content: (key, ref, qprev, qnext,
-    below, ends, table keys, table values)."""
+    """Every replica's blocks free, in index order, without content: (blk, ends, tab)."""
     total = replicas * blocks
+    blk = np.full((total, FIELDS), -1, np.int64)
     idx = np.arange(total, dtype=np.int64)
-    qprev, qnext = idx - 1, idx + 1
-    qprev[::blocks] = -1
-    qnext[blocks - 1::blocks] = -1
+    blk[:, REF] = 0
+    blk[:, QPREV], blk[:, QNEXT] = idx - 1, idx + 1
+    blk[::blocks, QPREV] = -1
+    blk[blocks - 1::blocks, QNEXT] = -1
     ends = np.stack([np.arange(replicas) * blocks, np.arange(replicas) * blocks + blocks - 1], axis=1).astype(np.int64)
-    size = table_size(blocks)
-    return (np.full(total, -1, np.int64), np.zeros(total, np.int64), qprev, qnext, np.full(total, -1, np.int64),
-            ends, np.full(replicas * size, EMPTY, np.int64), np.zeros(replicas * size, np.int64))
+    return blk, ends, np.full((replicas * table_size(blocks), 2), EMPTY, np.int64)

@@ -18,16 +18,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..._jit import jit
+from ..._jit import inline, jit
 from ...model.cost import step_time
 from ..router import LEAST_KV, LEAST_OUTSTANDING, RANDOM, ROUND_ROBIN
 from . import _cache
-from ._cache import drop, enqueue, find, key_of, put, unqueue
+from ._cache import BELOW, KEY, REF, chain, drop, enqueue, find, key_at, put, unqueue
 from ._calendar import LOW, extend_run, record
 from ._running import cdiv
 
 # Per-request rows of ``req``.
-(G, C, HITS, TOP, OWN, RPREV, RNEXT, WNEXT, LAST_STEP, CACHED, REQ_ROWS) = range(11)
+(G, C, HITS, TOP, OWN, SLACK, RPREV, RNEXT, WNEXT, LAST_STEP, CACHED, REQ_ROWS) = range(12)
 # Per-replica columns of ``st``.
 (RHEAD, RTAIL, RUNNING, WHEAD, WTAIL, NWAIT, FREE, STEPS, BUSY, MAX_QUEUE, PREEMPTIONS, KV_SUM, KV_PEAK, OUTSTANDING,
  RUN_KV, RUN_PAIRS, RUN_NW, RUN_M, RUN_S, N_STATE) = range(20)
@@ -50,28 +50,55 @@ def run(arrival, prompt, output, parent, shared, hash_start, hash_ids, hash_bloc
     req[TOP] = req[RPREV] = req[RNEXT] = req[WNEXT] = req[CACHED] = -1
     req[LAST_STEP] = -2
     cache = _cache.start(replicas, blocks)
+    stride = stride_of(prompt, output, bt)
+    scratch = (np.empty(_depth(parent) + 2, np.int64), np.empty(_depth(parent) + 2, np.int64), np.empty(stride, np.int64))
     counters = cached_pool(arrived, prompt, output, parent, shared, hash_start, hash_ids, hash_block, think, replicas,
-                           code, routes, weight, limit, k, budget, blocks, bt, caching, api_s,
-                           stride_of(prompt, output, bt), req, *cache, first, done, replica, runs, gaps)
+                           code, routes, weight, limit, k, budget, blocks, bt, caching, api_s, stride, req, *cache,
+                           *scratch, first, done, replica, runs, gaps)
     return first, done, arrived, replica, req[CACHED].copy(), counters
 
 
 @jit
-def _hit(i, g, rep, bt, prompt, parent, shared, hash_start, hash_ids, hash_block, stride, tkey, tval, size):
-    """Request ``i``'s hit on replica ``rep`` (blocks), with ``g`` tokens emitted: the longest
-    run of its blocks 0.. whose content is cached, leaving one token to compute."""
+def _depth(parent):
+    """The content tree's depth: the longest chain of parents (parents come first)."""
+    depth = np.zeros(parent.size, np.int64)
+    most = 0
+    for i in range(parent.size):
+        if parent[i] >= 0:
+            depth[i] = depth[parent[i]] + 1 if parent[i] < i else 1
+            most = max(most, depth[i])
+    return most
+
+
+@inline
+def _hit(i, g, tb, mask, bt, prompt, parent, shared, hash_start, hash_ids, hash_block, stride, tab, blk,
+         cnode, clo, found):
+    """Request ``i``'s hit in the table at ``tb`` with ``g`` tokens emitted: the longest run of
+    its blocks 0.. whose content is cached, leaving one token to compute. Returns (h, how many
+    of those blocks are free); their blocks are ``found[:h]``."""
     cap = (prompt[i] + g - 1) // bt
+    if cap <= 0:
+        return 0, 0
+    if hash_start.size == 0:
+        chain(i, bt, parent, shared, cnode, clo)
+    k = 0
     h = 0
-    while h < cap and find(tkey, tval, rep * size, size - 1, key_of(
-            i, h, bt, prompt, parent, shared, hash_start, hash_ids, hash_block, stride)) >= 0:
+    free_hits = 0
+    while h < cap:
+        key, k = key_at(i, h, k, bt, prompt, hash_start, hash_ids, hash_block, parent.size, stride, cnode, clo)
+        b = find(tab, tb, mask, key)
+        if b < 0:
+            break
+        found[h] = b
+        free_hits += blk[b, REF] == 0
         h += 1
-    return h
+    return h, free_hits
 
 
 @jit
 def cached_pool(arrival, prompt, output, parent, shared, hash_start, hash_ids, hash_block, think, replicas, code,
-                routes, weight, limit, k, budget, blocks, bt, caching, api_s, stride, req, key, ref, qprev, qnext,
-                below, ends, tkey, tval, first_token, done, replica, runs, gaps):
+                routes, weight, limit, k, budget, blocks, bt, caching, api_s, stride, req, blk, ends, tab, cnode, clo,
+                found, first_token, done, replica, runs, gaps):
     """Continuous batching with a prefix cache on ``replicas`` replicas of ``blocks`` blocks.
 
     Parameters
@@ -85,16 +112,18 @@ def cached_pool(arrival, prompt, output, parent, shared, hash_start, hash_ids, h
     code : int    the router; ``routes`` the random router's draws; ``weight`` prefix_aware's
     caching : bool    blocks are cached by content (else only counted)
     req : int64 (REQ_ROWS, n)    per-request state, initialised by :func:`run`
-    key .. tval    the cache (:func:`fastsim.engine.kernels._cache.start`)
+    blk, ends, tab    the cache (:func:`fastsim.engine.kernels._cache.start`)
+    cnode, clo, found    scratch: a request's chain of owners (:func:`._cache.chain`), its hits' blocks
     first_token, done : float64 (n,), replica : int64 (n,)    filled (engine times)
     runs, gaps    as :func:`fastsim.engine.kernels.continuous.continuous`'s
 
     Returns (steps, busy, max_queue, preemptions, KV block-steps, peak KV blocks, runs, gaps).
     """
     n = arrival.size
-    size = tval.size // replicas
+    size = tab.shape[0] // replicas
     mask = size - 1
     g, c, hits, top, own = req[G], req[C], req[HITS], req[TOP], req[OWN]
+    slack = req[SLACK]  # room in the blocks a running request holds beyond what is scheduled: no division a step
     rprev, rnext, wnext, last_step, cached = req[RPREV], req[RNEXT], req[WNEXT], req[LAST_STEP], req[CACHED]
     last_t = np.zeros(n)
     st = np.zeros((replicas, N_STATE), np.int64)
@@ -135,7 +164,7 @@ def cached_pool(arrival, prompt, output, parent, shared, hash_start, hash_ids, h
             j = st[rep, RHEAD]
             while j >= 0 and left > 0:  # 1. running requests, oldest first
                 take = min(prompt[j] + g[j] - c[j], left)
-                need = cdiv(c[j] + take, bt) - hits[j] - own[j]
+                need = (1 if slack[j] == 0 else 0) if take == 1 else cdiv(take - slack[j], bt) if take > slack[j] else 0
                 gone = False
                 while need > free:  # preempt the newest
                     v = st[rep, RTAIL]
@@ -147,7 +176,7 @@ def cached_pool(arrival, prompt, output, parent, shared, hash_start, hash_ids, h
                     st[rep, RTAIL] = pv
                     st[rep, RUNNING] -= 1
                     free += _release(v, rep, bt, prompt, parent, shared, hash_start, hash_ids, hash_block, stride,
-                                     hits, top, own, key, ref, qprev, qnext, below, ends, tkey, tval, tb, mask)
+                                     hits, top, own, blk, ends, tab, tb, mask, cnode, clo)
                     c[v] = 0
                     wnext[v] = st[rep, WHEAD]
                     st[rep, WHEAD] = v
@@ -161,12 +190,16 @@ def cached_pool(arrival, prompt, output, parent, shared, hash_start, hash_ids, h
                         break
                 if gone:
                     break
-                for _ in range(need):
-                    _allocate(j, rep, top, own, key, ref, qprev, qnext, below, ends, tkey, tval, tb, mask)
-                free -= need
                 if caching:
+                    for _ in range(need):
+                        _allocate(j, rep, top, own, blk, ends, tab, tb, mask)
+                else:  # nothing is cached: blocks are only counted
+                    own[j] += need
+                free -= need
+                slack[j] += need * bt - take
+                if caching and (take > 1 or slack[j] == 0):  # a block filled
                     _fill(j, c[j], c[j] + take, bt, prompt, parent, shared, hash_start, hash_ids, hash_block, stride,
-                          hits, top, own, key, below, tkey, tval, tb, mask)
+                          hits, top, own, blk, tab, tb, mask, cnode, clo)
                 rows_i[nrows], rows_c[nrows], rows_n[nrows] = j, c[j], take
                 nrows += 1
                 left -= take
@@ -174,39 +207,35 @@ def cached_pool(arrival, prompt, output, parent, shared, hash_start, hash_ids, h
             if not preempted:  # 2. admission from the front of the queue
                 while st[rep, RUNNING] < limit and left > 0 and st[rep, NWAIT] > 0:
                     i = st[rep, WHEAD]
-                    h = 0
-                    free_hits = 0
+                    h = free_hits = 0
                     if caching:
-                        cap = (prompt[i] + g[i] - 1) // bt
-                        while h < cap:
-                            b = find(tkey, tval, tb, mask, key_of(i, h, bt, prompt, parent, shared, hash_start, hash_ids,
-                                                                  hash_block, stride))
-                            if b < 0:
-                                break
-                            free_hits += ref[b] == 0
-                            h += 1
+                        h, free_hits = _hit(i, g[i], tb, mask, bt, prompt, parent, shared, hash_start, hash_ids,
+                                            hash_block, stride, tab, blk, cnode, clo, found)
                     c0 = h * bt
                     take = min(prompt[i] + g[i] - c0, left)
                     new = cdiv(c0 + take, bt) - h
                     if new + free_hits > free:
                         break  # the head blocks the queue
                     for jj in range(h):
-                        b = find(tkey, tval, tb, mask, key_of(i, jj, bt, prompt, parent, shared, hash_start, hash_ids,
-                                                              hash_block, stride))
-                        if ref[b] == 0:
-                            unqueue(qprev, qnext, ends, rep, b)
-                        ref[b] += 1
+                        b = found[jj]
+                        if blk[b, REF] == 0:
+                            unqueue(blk, ends, rep, b)
+                        blk[b, REF] += 1
                     free -= free_hits
                     hits[i] = h
-                    for _ in range(new):
-                        _allocate(i, rep, top, own, key, ref, qprev, qnext, below, ends, tkey, tval, tb, mask)
+                    if caching:
+                        for _ in range(new):
+                            _allocate(i, rep, top, own, blk, ends, tab, tb, mask)
+                    else:
+                        own[i] = new
                     free -= new
+                    slack[i] = (h + new) * bt - c0 - take
                     if cached[i] < 0:
                         cached[i] = c0
                     c[i] = c0
                     if caching:
                         _fill(i, c0, c0 + take, bt, prompt, parent, shared, hash_start, hash_ids, hash_block, stride,
-                              hits, top, own, key, below, tkey, tval, tb, mask)
+                              hits, top, own, blk, tab, tb, mask, cnode, clo)
                     st[rep, WHEAD] = wnext[i]
                     if wnext[i] < 0:
                         st[rep, WTAIL] = -1
@@ -275,7 +304,7 @@ def cached_pool(arrival, prompt, output, parent, shared, hash_start, hash_ids, h
                 st[rep, RUNNING] -= 1
                 st[rep, OUTSTANDING] -= 1
                 st[rep, FREE] += _release(i, rep, bt, prompt, parent, shared, hash_start, hash_ids, hash_block, stride,
-                                          hits, top, own, key, ref, qprev, qnext, below, ends, tkey, tval, tb, mask)
+                                          hits, top, own, blk, ends, tab, tb, mask, cnode, clo)
                 if i + 1 < n and think[i + 1] == think[i + 1]:  # the session's next turn is released
                     t = now + api_s + think[i + 1]
                     arrival[i + 1] = t
@@ -305,8 +334,8 @@ def cached_pool(arrival, prompt, output, parent, shared, hash_start, hash_ids, h
                 elif code == LEAST_KV:
                     score = float(used)
                 else:
-                    miss = cdiv(prompt[q], bt) - (_hit(q, 0, r, bt, prompt, parent, shared, hash_start, hash_ids,
-                                                       hash_block, stride, tkey, tval, size) if caching else 0)
+                    miss = cdiv(prompt[q], bt) - _hit(q, 0, r * size, mask, bt, prompt, parent, shared, hash_start,
+                                                      hash_ids, hash_block, stride, tab, blk, cnode, clo, found)[0]
                     score = miss * weight + used
                 if r == 0 or score < best or (score == best and st[r, OUTSTANDING] < st[to, OUTSTANDING]):
                     to = r
@@ -336,23 +365,23 @@ def cached_pool(arrival, prompt, output, parent, shared, hash_start, hash_ids, h
     return steps, busy, max_queue, preemptions, kv_sum, kv_peak, nruns, ngaps
 
 
-@jit
-def _allocate(i, rep, top, own, key, ref, qprev, qnext, below, ends, tkey, tval, tb, mask):
+@inline
+def _allocate(i, rep, top, own, blk, ends, tab, tb, mask):
     """Give request ``i`` the free queue's head, forgetting its content; on top of its stack."""
     b = ends[rep, 0]
-    unqueue(qprev, qnext, ends, rep, b)
-    if key[b] >= 0:
-        drop(tkey, tval, tb, mask, key[b])
-        key[b] = -1
-    ref[b] = 1
-    below[b] = top[i]
+    unqueue(blk, ends, rep, b)
+    if blk[b, KEY] >= 0:
+        drop(tab, tb, mask, blk[b, KEY])
+        blk[b, KEY] = -1
+    blk[b, REF] = 1
+    blk[b, BELOW] = top[i]
     top[i] = b
     own[i] += 1
 
 
-@jit
-def _fill(i, c0, c1, bt, prompt, parent, shared, hash_start, hash_ids, hash_block, stride, hits, top, own, key, below,
-          tkey, tval, tb, mask):
+@inline
+def _fill(i, c0, c1, bt, prompt, parent, shared, hash_start, hash_ids, hash_block, stride, hits, top, own, blk, tab, tb,
+          mask, cnode, clo):
     """Blocks of request ``i`` that computing tokens c0..c1 fills get their content, unless
     another block holds it."""
     lo, hi = c0 // bt, c1 // bt
@@ -361,36 +390,44 @@ def _fill(i, c0, c1, bt, prompt, parent, shared, hash_start, hash_ids, hash_bloc
     j = hits[i] + own[i] - 1  # the block on top of its stack
     b = top[i]
     while j >= hi:
-        b = below[b]
+        b = blk[b, BELOW]
         j -= 1
+    if hash_start.size == 0:
+        chain(i, bt, parent, shared, cnode, clo)
+    k = 0
     while j >= lo:
-        kk = key_of(i, j, bt, prompt, parent, shared, hash_start, hash_ids, hash_block, stride)
-        if find(tkey, tval, tb, mask, kk) < 0:
-            put(tkey, tval, tb, mask, kk, b)
-            key[b] = kk
-        b = below[b]
+        kk, k = key_at(i, j, k, bt, prompt, hash_start, hash_ids, hash_block, parent.size, stride, cnode, clo)
+        if find(tab, tb, mask, kk) < 0:
+            put(tab, tb, mask, kk, b)
+            blk[b, KEY] = kk
+        b = blk[b, BELOW]
         j -= 1
 
 
-@jit
-def _release(i, rep, bt, prompt, parent, shared, hash_start, hash_ids, hash_block, stride, hits, top, own, key, ref,
-             qprev, qnext, below, ends, tkey, tval, tb, mask):
+@inline
+def _release(i, rep, bt, prompt, parent, shared, hash_start, hash_ids, hash_block, stride, hits, top, own, blk, ends, tab,
+             tb, mask, cnode, clo):
     """Request ``i`` lets go of its blocks, last to first; those no one else holds join the
-    free queue's tail, keeping their content. Returns how many did."""
-    freed = 0
+    free queue's tail, keeping their content. Returns how many did. (Without a cache, ``top``
+    is -1: its blocks were only counted.)"""
+    freed = 0 if top[i] >= 0 else own[i]
     b = top[i]
     while b >= 0:
-        nx = below[b]
-        ref[b] -= 1
-        if ref[b] == 0:
-            enqueue(qprev, qnext, ends, rep, b)
+        nx = blk[b, BELOW]
+        blk[b, REF] -= 1
+        if blk[b, REF] == 0:
+            enqueue(blk, ends, rep, b)
             freed += 1
         b = nx
+    if hits[i] > 0 and hash_start.size == 0:
+        chain(i, bt, parent, shared, cnode, clo)
+    k = 0
     for j in range(hits[i] - 1, -1, -1):
-        b = find(tkey, tval, tb, mask, key_of(i, j, bt, prompt, parent, shared, hash_start, hash_ids, hash_block, stride))
-        ref[b] -= 1
-        if ref[b] == 0:
-            enqueue(qprev, qnext, ends, rep, b)
+        kk, k = key_at(i, j, k, bt, prompt, hash_start, hash_ids, hash_block, parent.size, stride, cnode, clo)
+        b = find(tab, tb, mask, kk)
+        blk[b, REF] -= 1
+        if blk[b, REF] == 0:
+            enqueue(blk, ends, rep, b)
             freed += 1
     top[i] = -1
     own[i] = 0
@@ -398,7 +435,7 @@ def _release(i, rep, bt, prompt, parent, shared, hash_start, hash_ids, hash_bloc
     return freed
 
 
-@jit
+@inline
 def _push(heap_t, heap_i, size, t, i):
     j = size
     while j > 0:
@@ -411,7 +448,7 @@ def _push(heap_t, heap_i, size, t, i):
     return size + 1
 
 
-@jit
+@inline
 def _pop(heap_t, heap_i, size):
     size -= 1
     t, i = heap_t[size], heap_i[size]
