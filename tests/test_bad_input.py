@@ -96,6 +96,14 @@ FILES: dict[str, bytes | str] = {
     "both_models.yaml": "model:\n  preset: llama-3.1-8b\n  config_json: hf_missing.json\n",
     "binary.json": bytes(range(256)) * 4,
     "list.json": "[1, 2]",
+    # traces with prefix information
+    "hash_not_list.jsonl": '{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": "1,2"}\n',
+    "hash_text_ids.jsonl": '{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1, "b"]}\n',
+    "hash_wrong_count.jsonl": '{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1, 2, 3]}\n',
+    "hash_not_json.jsonl": '{"timestamp": 0, "input_length": 600\n',
+    "hash_no_ids.jsonl": '{"timestamp": 0, "input_length": 600, "output_length": 5}\n',
+    "conv_parent_later.csv": "chat_id,parent_chat_id,timestamp,input_length,output_length\na,b,0,100,10\nb,,1,50,10\n",
+    "conv_parent_missing.csv": "chat_id,parent_chat_id,timestamp,input_length,output_length\na,zz,0,100,10\n",
 }
 
 
@@ -151,6 +159,47 @@ for name, names in [("hf_notjson.json", "not JSON"), ("hf_list.json", "JSON obje
     case(f"model-config-json-{name}", ["run", H100, "--set", "model.config_json={%s}" % name, *SMALL],
          "model.config_json: " if name in ("hf_list.json", "nowhere.json") else names)
 case("model-both-preset-and-config-json", ["run", "{both_models.yaml}"], "model.preset")
+
+# --- the prefix cache, sessions and prefix-aware routing
+CACHE = ["--set", "engine.prefix_caching=true"]
+SESSIONS = ["--set", "workload.sessions.turns.max=4"]
+for id, args, names in [
+    ("prefix-caching-static", [*CACHE, "--set", "engine.policy=static"], "engine.prefix_caching"),
+    ("prefix-caching-dynamic", [*CACHE, "--set", "engine.policy=dynamic"], "engine.prefix_caching"),
+    ("prefix-caching-reserve", [*CACHE, "--set", "engine.kv_alloc=reserve"], "engine.kv_alloc"),
+    ("prefix-caching-unlimited", [*CACHE, "--set", "hardware.mem_gb=null", "--set", "hardware.preset=null"],
+     "engine.prefix_caching"),
+    ("system-prompt-too-long", ["--set", "workload.system_prompts.tokens=1000"], "workload.system_prompts.tokens"),
+    ("system-prompt-and-prefix", ["--set", "workload.system_prompts.tokens=10", "--set", "workload.prefix_tokens=5"],
+     "workload.system_prompts"),
+    ("system-prompt-count-0", ["--set", "workload.system_prompts.tokens=10", "--set", "workload.system_prompts.count=0"],
+     "workload.system_prompts.count"),
+    ("system-prompt-popularity", ["--set", "workload.system_prompts.tokens=10",
+                                  "--set", "workload.system_prompts.popularity=pareto"],
+     "workload.system_prompts.popularity"),
+    ("sessions-with-trace", [*SESSIONS, "--set", "workload.trace=AzureLLMInferenceTrace_conv.csv"], "workload.sessions"),
+    ("sessions-turns-below-1", ["--set", "workload.sessions.turns.min=0"], "workload.sessions.turns.min"),
+    ("sessions-fixed-turns-0", ["--set", "workload.sessions.turns.dist=fixed", "--set", "workload.sessions.turns.value=0"],
+     "workload.sessions.turns.value"),
+    ("sessions-think-negative", ["--set", "workload.sessions.think_s.value=-1"], "workload.sessions.think_s.value"),
+    ("sessions-think-mean-negative", ["--set", "workload.sessions.think_s.mean=-0.5"], "workload.sessions.think_s.mean"),
+    ("sessions-stdlib", [*SESSIONS, "--set", "workload.rng=stdlib"], "workload.sessions"),
+    ("sessions-prefill-pool", [*SESSIONS, "--set", "fleet.prefill_replicas=1"], "workload.sessions"),
+    ("sessions-context-too-long", [*SESSIONS, "--set", "workload.sessions.max_context=10000000",
+                                   "--set", "workload.sessions.followup.dist=fixed",
+                                   "--set", "workload.sessions.followup.value=300000"], "workload.sessions.max_context"),
+    ("prefix-aware-without-cache", ["--set", "fleet.replicas=2", "--set", "fleet.router=prefix_aware"],
+     "fleet.router"),
+    ("prefix-weight-negative", [*CACHE, "--set", "fleet.prefix_weight=-1"], "fleet.prefix_weight"),
+    ("trace-hash-block-0", [*CACHE, "--set", "workload.trace_hash_block=0"], "workload.trace_hash_block"),
+]:
+    case(f"prefix-{id}", ["run", H100, *SMALL, *args], names)
+for name, names in [("hash_not_list.jsonl", "hash_ids"), ("hash_text_ids.jsonl", "hash_ids"),
+                    ("hash_wrong_count.jsonl", "workload.trace_hash_block"), ("hash_not_json.jsonl", "not JSON"),
+                    ("hash_no_ids.jsonl", "hash_ids"), ("conv_parent_later.csv", "parent_chat_id"),
+                    ("conv_parent_missing.csv", "parent_chat_id")]:
+    case(f"prefix-trace-{name}", ["run", H100, *CACHE, "--set", "workload.trace={%s}" % name,
+                                  "--set", "workload.n_requests=null"], names)
 for key, value, names in [
     ("model.dtype", "fp6", "model.dtype"), ("model.kv_dtype", "fp4", "model.kv_dtype"),
     ("model.preset", "qwen4-1t", "qwen4-1t"), ("model.experts_per_token", "9", "model.experts_per_token"),

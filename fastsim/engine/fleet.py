@@ -100,7 +100,10 @@ def run(config: Config, traffic: Traffic, scratch: Scratch | None = None) -> Out
     if kind == "one":  # the single engine, to the bit
         out = run_engine(plan, arrival, prompt, output, scratch)
     elif kind == "cached":
-        out = _cached(config, plan, f.replicas, traffic, output, draws)
+        out = _unshared(plan, f.router, f.replicas, traffic, draws, scratch) if traffic.content is None else None
+        if out is None:
+            out = _cached(config, plan, f.replicas, traffic, output, draws)
+            out = dataclasses.replace(out, replica=None) if f.replicas == 1 else out  # one engine's, as always
     elif kind != "disaggregated":  # replicas apart or a coupled pool: the router decides
         out = _pool(plan, f.router, f.replicas, arrival, prompt, output, draws, scratch)
     else:
@@ -108,6 +111,23 @@ def run(config: Config, traffic: Traffic, scratch: Scratch | None = None) -> Out
     stalls.apply(config, arrival if out.arrival_s is None else out.arrival_s, out.first_token_s, out.done_s,
                  out.replica, out.prefill_replica)
     return with_api(out, config.calibration.api_overhead_ms / 1000)
+
+
+def _unshared(p: Plan, router: str, replicas: int, traffic: Traffic, draws: np.ndarray, scratch: Scratch | None
+              ) -> Outcome | None:
+    """A prefix cache over requests that share nothing hits only a request's own blocks, when it
+    is admitted again after a preemption. Without a preemption the engines run exactly as
+    without the cache (prefix-aware routing is then least_kv: every replica would miss the whole
+    prompt), so the fast kernels answer; None when some request was preempted."""
+    arrival, prompt, output = traffic.arrival_s, traffic.prompt_tokens, traffic.output_tokens
+    if replicas == 1:
+        out = run_engine(p, arrival, prompt, output, scratch)
+    else:
+        out = _pool(p, "least_kv" if router == "prefix_aware" else router, replicas, arrival, prompt, output, draws,
+                    scratch)
+    if out.preemptions:
+        return None
+    return dataclasses.replace(out, cached_tokens=np.zeros(len(traffic), np.int64), prefix_hit_rate=0.0)
 
 
 def _cached(config: Config, p: Plan, replicas: int, traffic: Traffic, output: np.ndarray, draws: np.ndarray

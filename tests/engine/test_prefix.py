@@ -10,7 +10,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fastsim import Config, simulate
+from fastsim import Config, load_config, simulate
 from fastsim.analysis.simulation import measure
 from fastsim.engine import content as shares
 from fastsim.engine import fleet
@@ -106,7 +106,7 @@ def agree(config: Config, traffic: Traffic) -> None:
     assert close(arrival, slow["arrival"])
     assert close(fast.first_token_s, slow["first_token"])
     assert close(fast.done_s, slow["done"])
-    assert fast.replica.tolist() == slow["replica"]
+    assert (fast.replica.tolist() if fast.replica is not None else [0] * len(traffic)) == slow["replica"]
     assert (fast.steps, fast.busy_slot_steps, fast.max_queue, fast.preemptions) == (
         slow["steps"], slow["busy"], slow["max_queue"], slow["preemptions"])
     if config.engine.prefix_caching:
@@ -201,3 +201,89 @@ def test_sessions_follow_the_rules():
     assert (r.arrival_s[later] == r.done_s[later - 1] + 2.0).all()
     assert r.metrics["prefix_hit_rate"] > 0.5
     assert (r.cached_tokens[later] >= before // 16 * 16 - 16).all()  # every earlier turn still cached
+
+
+@settings(max_examples=100, deadline=None)
+@given(prefix_configs(), st.integers(1, 2))
+def test_a_prefill_pool_caches_what_it_computes(config, prefill):
+    """Disaggregated: the prefill replicas run the cache on every prompt as a one-token request
+    (their first tokens, cached tokens and routing are the oracle's); decode replicas receive
+    whole prompts."""
+    if config.workload.sessions is not None or not config.engine.prefix_caching:
+        return
+    config = config.with_values({"fleet.prefill_replicas": prefill})
+    traffic = of(config)
+    fast = fleet.run(config, traffic)
+    n = len(traffic)
+    ones = Traffic(traffic.arrival_s, traffic.prompt_tokens, np.ones(n, np.int64), traffic.content)
+    f = config.fleet
+    draws = routes(config.workload, n, prefill, 1).tolist() if f.router == "random" else None
+    engine = oracle_engine(config, prefill=True)
+    k = cost.coefficients(fleet.pools.prefill_config(config))
+    engine.cost = lambda N, C, A, S: cost.step_time(k, N, C, A, S)
+    slow = oracle_prefix.simulate(ones.arrival_s.tolist(), ones.prompt_tokens.tolist(), [1] * n,
+                                  traffic.content or shares.none(n), engine, replicas=prefill, router=f.router,
+                                  weight=f.prefix_weight, routes=draws)
+    assert close(fast.first_token_s, slow["first_token"])
+    assert fast.cached_tokens.tolist() == slow["cached"]
+    assert fast.prefill_replica.tolist() == slow["replica"]
+
+
+def test_the_chat_fleet_figures_of_the_docs(root):
+    """docs/model/prefix-cache.md's table (configs/chat-fleet.yaml on 4 replicas near saturation):
+    prefix-aware routing hits more and keeps TTFT p99 below round robin's; without the cache the
+    fleet falls behind."""
+    base = load_config(root / "configs/chat-fleet.yaml")
+    got = {}
+    for cache, router in [(False, "round_robin"), (True, "round_robin"), (True, "prefix_aware")]:
+        got[cache, router] = simulate(base.with_values({"engine.prefix_caching": cache, "fleet.router": router})).metrics
+    rr, pa, off = got[True, "round_robin"], got[True, "prefix_aware"], got[False, "round_robin"]
+    assert pa["prefix_hit_rate"] > rr["prefix_hit_rate"] and pa["ttft_p99_s"] < rr["ttft_p99_s"]
+    table = [(off, math.nan, 3.02, 19.1, 984, 0.405), (rr, 0.408, 0.066, 1.69, 42, 0.970),
+             (pa, 0.674, 0.054, 0.235, 0, 1.0)]
+    for m, hit, p50, p99, preemptions, slo in table:
+        assert math.isnan(hit) and math.isnan(m["prefix_hit_rate"]) or round(m["prefix_hit_rate"], 3) == hit
+        assert math.isclose(m["ttft_p50_s"], p50, rel_tol=0.01) and math.isclose(m["ttft_p99_s"], p99, rel_tol=0.01)
+        assert m["preemptions"] == preemptions and round(m["slo_attainment"], 3) == slo
+
+
+def test_the_sample_traces_replay_with_their_hit_rates(root):
+    """configs/chat-traces.yaml's figures in docs/model/prefix-cache.md: the same conversations
+    as hash ids (system prompts visible) and as parent links (only the conversation)."""
+    base = load_config(root / "configs/chat-traces.yaml")
+    traces = root / "configs/traces"
+    want = {"chat-sample.jsonl": (0.741, 0.08), "chat-sample.csv": (0.377, 0.32)}
+    for name, (hit, p99) in want.items():
+        on = simulate(base.with_values({"workload.trace": str(traces / name), "workload.rate": 8})).metrics
+        assert round(on["prefix_hit_rate"], 3) == hit and round(on["ttft_p99_s"], 2) == p99
+        off = simulate(base.with_values({"workload.trace": str(traces / name), "workload.rate": 8,
+                                         "engine.prefix_caching": False})).metrics
+        assert round(off["ttft_p99_s"], 2) == 0.35 and math.isnan(off["prefix_hit_rate"])
+
+
+def test_requests_out_carries_cached_tokens_sessions_and_system_prompts(root, tmp_path):
+    import xarray as xr
+    from typer.testing import CliRunner
+
+    from fastsim.cli import app
+
+    out = tmp_path / "requests.nc"
+    result = CliRunner().invoke(app, ["run", str(root / "configs/chat-fleet.yaml"), "--set", "workload.n_requests=300",
+                                      "--requests-out", str(out)])
+    assert result.exit_code == 0, result.output
+    with xr.open_dataset(out) as ds:
+        assert {"cached_tokens", "session", "turn", "system_prompt", "replica"} <= set(ds.data_vars)
+        later = ds.turn.values > 1
+        assert (ds.cached_tokens.values[later] > 0).all() and (ds.system_prompt.values >= 0).all()
+        assert ds.session.values[0] == 0 and ds.turn.values[0] == 1
+        assert ds.attrs["metric_prefix_hit_rate"] == ds.cached_tokens.values.sum() / ds.prompt_tokens.values.sum()
+
+
+@settings(max_examples=100, deadline=None)
+@given(prefix_configs())
+def test_without_shared_content_the_cache_matters_only_after_a_preemption(config):
+    """Requests that share nothing run on the fast kernels when nobody is preempted, and on the
+    cache's loop otherwise: either way the oracle's answer."""
+    config = config.with_values({"workload.system_prompts": None, "workload.sessions": None,
+                                 "workload.prefix_tokens": 0, "engine.prefix_caching": True})
+    agree(config, of(config))

@@ -157,3 +157,98 @@ def start(replicas: int, blocks: int) -> tuple[np.ndarray, ...]:
     blk[blocks - 1::blocks, QNEXT] = -1
     ends = np.stack([np.arange(replicas) * blocks, np.arange(replicas) * blocks + blocks - 1], axis=1).astype(np.int64)
     return blk, ends, np.full((replicas * table_size(blocks), 2), EMPTY, np.int64)
+
+
+@inline
+def hit(i, g, tb, mask, bt, prompt, parent, shared, hash_start, hash_ids, hash_block, stride, tab, blk,
+         cnode, clo, found):
+    """Request ``i``'s hit in the table at ``tb`` with ``g`` tokens emitted: the longest run of
+    its blocks 0.. whose content is cached, leaving one token to compute. Returns (h, how many
+    of those blocks are free); their blocks are ``found[:h]``."""
+    cap = (prompt[i] + g - 1) // bt
+    if cap <= 0:
+        return 0, 0
+    if hash_start.size == 0:
+        chain(i, bt, parent, shared, cnode, clo)
+    k = 0
+    h = 0
+    free_hits = 0
+    while h < cap:
+        key, k = key_at(i, h, k, bt, prompt, hash_start, hash_ids, hash_block, parent.size, stride, cnode, clo)
+        b = find(tab, tb, mask, key)
+        if b < 0:
+            break
+        found[h] = b
+        free_hits += blk[b, REF] == 0
+        h += 1
+    return h, free_hits
+
+
+@inline
+def allocate(i, rep, top, own, blk, ends, tab, tb, mask):
+    """Give request ``i`` the free queue's head, forgetting its content; on top of its stack."""
+    b = ends[rep, 0]
+    unqueue(blk, ends, rep, b)
+    if blk[b, KEY] >= 0:
+        drop(tab, tb, mask, blk[b, KEY])
+        blk[b, KEY] = -1
+    blk[b, REF] = 1
+    blk[b, BELOW] = top[i]
+    top[i] = b
+    own[i] += 1
+
+
+@inline
+def fill(i, c0, c1, bt, prompt, parent, shared, hash_start, hash_ids, hash_block, stride, hits, top, own, blk, tab, tb,
+          mask, cnode, clo):
+    """Blocks of request ``i`` that computing tokens c0..c1 fills get their content, unless
+    another block holds it."""
+    lo, hi = c0 // bt, c1 // bt
+    if hi <= lo:
+        return
+    j = hits[i] + own[i] - 1  # the block on top of its stack
+    b = top[i]
+    while j >= hi:
+        b = blk[b, BELOW]
+        j -= 1
+    if hash_start.size == 0:
+        chain(i, bt, parent, shared, cnode, clo)
+    k = 0
+    while j >= lo:
+        kk, k = key_at(i, j, k, bt, prompt, hash_start, hash_ids, hash_block, parent.size, stride, cnode, clo)
+        if find(tab, tb, mask, kk) < 0:
+            put(tab, tb, mask, kk, b)
+            blk[b, KEY] = kk
+        b = blk[b, BELOW]
+        j -= 1
+
+
+@inline
+def release(i, rep, bt, prompt, parent, shared, hash_start, hash_ids, hash_block, stride, hits, top, own, blk, ends, tab,
+             tb, mask, cnode, clo):
+    """Request ``i`` lets go of its blocks, last to first; those no one else holds join the
+    free queue's tail, keeping their content. Returns how many did. (Without a cache, ``top``
+    is -1: its blocks were only counted.)"""
+    freed = 0 if top[i] >= 0 else own[i]
+    b = top[i]
+    while b >= 0:
+        nx = blk[b, BELOW]
+        blk[b, REF] -= 1
+        if blk[b, REF] == 0:
+            enqueue(blk, ends, rep, b)
+            freed += 1
+        b = nx
+    if hits[i] > 0 and hash_start.size == 0:
+        chain(i, bt, parent, shared, cnode, clo)
+    k = 0
+    for j in range(hits[i] - 1, -1, -1):
+        kk, k = key_at(i, j, k, bt, prompt, hash_start, hash_ids, hash_block, parent.size, stride, cnode, clo)
+        b = find(tab, tb, mask, kk)
+        blk[b, REF] -= 1
+        if blk[b, REF] == 0:
+            enqueue(blk, ends, rep, b)
+            freed += 1
+    top[i] = -1
+    own[i] = 0
+    hits[i] = 0
+    return freed

@@ -22,7 +22,7 @@ from ..._jit import inline, jit
 from ...model.cost import step_time
 from ..router import LEAST_KV, LEAST_OUTSTANDING, RANDOM, ROUND_ROBIN
 from . import _cache
-from ._cache import BELOW, KEY, REF, chain, drop, enqueue, find, key_at, put, unqueue
+from ._cache import REF, allocate, fill, hit, release, unqueue
 from ._calendar import LOW, extend_run, record
 from ._running import cdiv
 
@@ -68,31 +68,6 @@ def _depth(parent):
             depth[i] = depth[parent[i]] + 1 if parent[i] < i else 1
             most = max(most, depth[i])
     return most
-
-
-@inline
-def _hit(i, g, tb, mask, bt, prompt, parent, shared, hash_start, hash_ids, hash_block, stride, tab, blk,
-         cnode, clo, found):
-    """Request ``i``'s hit in the table at ``tb`` with ``g`` tokens emitted: the longest run of
-    its blocks 0.. whose content is cached, leaving one token to compute. Returns (h, how many
-    of those blocks are free); their blocks are ``found[:h]``."""
-    cap = (prompt[i] + g - 1) // bt
-    if cap <= 0:
-        return 0, 0
-    if hash_start.size == 0:
-        chain(i, bt, parent, shared, cnode, clo)
-    k = 0
-    h = 0
-    free_hits = 0
-    while h < cap:
-        key, k = key_at(i, h, k, bt, prompt, hash_start, hash_ids, hash_block, parent.size, stride, cnode, clo)
-        b = find(tab, tb, mask, key)
-        if b < 0:
-            break
-        found[h] = b
-        free_hits += blk[b, REF] == 0
-        h += 1
-    return h, free_hits
 
 
 @jit
@@ -155,7 +130,6 @@ def cached_pool(arrival, prompt, output, parent, shared, hash_start, hash_ids, h
                 rep = r
         if rep >= 0 and now_r[rep] < t_next:
             # one step of replica ``rep``
-            base = rep * blocks
             tb = rep * size
             free = st[rep, FREE]
             left = budget
@@ -175,7 +149,7 @@ def cached_pool(arrival, prompt, output, parent, shared, hash_start, hash_ids, h
                         st[rep, RHEAD] = -1
                     st[rep, RTAIL] = pv
                     st[rep, RUNNING] -= 1
-                    free += _release(v, rep, bt, prompt, parent, shared, hash_start, hash_ids, hash_block, stride,
+                    free += release(v, rep, bt, prompt, parent, shared, hash_start, hash_ids, hash_block, stride,
                                      hits, top, own, blk, ends, tab, tb, mask, cnode, clo)
                     c[v] = 0
                     wnext[v] = st[rep, WHEAD]
@@ -192,13 +166,13 @@ def cached_pool(arrival, prompt, output, parent, shared, hash_start, hash_ids, h
                     break
                 if caching:
                     for _ in range(need):
-                        _allocate(j, rep, top, own, blk, ends, tab, tb, mask)
+                        allocate(j, rep, top, own, blk, ends, tab, tb, mask)
                 else:  # nothing is cached: blocks are only counted
                     own[j] += need
                 free -= need
                 slack[j] += need * bt - take
                 if caching and (take > 1 or slack[j] == 0):  # a block filled
-                    _fill(j, c[j], c[j] + take, bt, prompt, parent, shared, hash_start, hash_ids, hash_block, stride,
+                    fill(j, c[j], c[j] + take, bt, prompt, parent, shared, hash_start, hash_ids, hash_block, stride,
                           hits, top, own, blk, tab, tb, mask, cnode, clo)
                 rows_i[nrows], rows_c[nrows], rows_n[nrows] = j, c[j], take
                 nrows += 1
@@ -209,7 +183,7 @@ def cached_pool(arrival, prompt, output, parent, shared, hash_start, hash_ids, h
                     i = st[rep, WHEAD]
                     h = free_hits = 0
                     if caching:
-                        h, free_hits = _hit(i, g[i], tb, mask, bt, prompt, parent, shared, hash_start, hash_ids,
+                        h, free_hits = hit(i, g[i], tb, mask, bt, prompt, parent, shared, hash_start, hash_ids,
                                             hash_block, stride, tab, blk, cnode, clo, found)
                     c0 = h * bt
                     take = min(prompt[i] + g[i] - c0, left)
@@ -225,7 +199,7 @@ def cached_pool(arrival, prompt, output, parent, shared, hash_start, hash_ids, h
                     hits[i] = h
                     if caching:
                         for _ in range(new):
-                            _allocate(i, rep, top, own, blk, ends, tab, tb, mask)
+                            allocate(i, rep, top, own, blk, ends, tab, tb, mask)
                     else:
                         own[i] = new
                     free -= new
@@ -234,7 +208,7 @@ def cached_pool(arrival, prompt, output, parent, shared, hash_start, hash_ids, h
                         cached[i] = c0
                     c[i] = c0
                     if caching:
-                        _fill(i, c0, c0 + take, bt, prompt, parent, shared, hash_start, hash_ids, hash_block, stride,
+                        fill(i, c0, c0 + take, bt, prompt, parent, shared, hash_start, hash_ids, hash_block, stride,
                               hits, top, own, blk, tab, tb, mask, cnode, clo)
                     st[rep, WHEAD] = wnext[i]
                     if wnext[i] < 0:
@@ -303,7 +277,7 @@ def cached_pool(arrival, prompt, output, parent, shared, hash_start, hash_ids, h
                     st[rep, RTAIL] = pv
                 st[rep, RUNNING] -= 1
                 st[rep, OUTSTANDING] -= 1
-                st[rep, FREE] += _release(i, rep, bt, prompt, parent, shared, hash_start, hash_ids, hash_block, stride,
+                st[rep, FREE] += release(i, rep, bt, prompt, parent, shared, hash_start, hash_ids, hash_block, stride,
                                           hits, top, own, blk, ends, tab, tb, mask, cnode, clo)
                 if i + 1 < n and think[i + 1] == think[i + 1]:  # the session's next turn is released
                     t = now + api_s + think[i + 1]
@@ -334,7 +308,7 @@ def cached_pool(arrival, prompt, output, parent, shared, hash_start, hash_ids, h
                 elif code == LEAST_KV:
                     score = float(used)
                 else:
-                    miss = cdiv(prompt[q], bt) - _hit(q, 0, r * size, mask, bt, prompt, parent, shared, hash_start,
+                    miss = cdiv(prompt[q], bt) - hit(q, 0, r * size, mask, bt, prompt, parent, shared, hash_start,
                                                       hash_ids, hash_block, stride, tab, blk, cnode, clo, found)[0]
                     score = miss * weight + used
                 if r == 0 or score < best or (score == best and st[r, OUTSTANDING] < st[to, OUTSTANDING]):
@@ -363,76 +337,6 @@ def cached_pool(arrival, prompt, output, parent, shared, hash_start, hash_ids, h
         kv_sum += st[r, KV_SUM]
         kv_peak = max(kv_peak, st[r, KV_PEAK])
     return steps, busy, max_queue, preemptions, kv_sum, kv_peak, nruns, ngaps
-
-
-@inline
-def _allocate(i, rep, top, own, blk, ends, tab, tb, mask):
-    """Give request ``i`` the free queue's head, forgetting its content; on top of its stack."""
-    b = ends[rep, 0]
-    unqueue(blk, ends, rep, b)
-    if blk[b, KEY] >= 0:
-        drop(tab, tb, mask, blk[b, KEY])
-        blk[b, KEY] = -1
-    blk[b, REF] = 1
-    blk[b, BELOW] = top[i]
-    top[i] = b
-    own[i] += 1
-
-
-@inline
-def _fill(i, c0, c1, bt, prompt, parent, shared, hash_start, hash_ids, hash_block, stride, hits, top, own, blk, tab, tb,
-          mask, cnode, clo):
-    """Blocks of request ``i`` that computing tokens c0..c1 fills get their content, unless
-    another block holds it."""
-    lo, hi = c0 // bt, c1 // bt
-    if hi <= lo:
-        return
-    j = hits[i] + own[i] - 1  # the block on top of its stack
-    b = top[i]
-    while j >= hi:
-        b = blk[b, BELOW]
-        j -= 1
-    if hash_start.size == 0:
-        chain(i, bt, parent, shared, cnode, clo)
-    k = 0
-    while j >= lo:
-        kk, k = key_at(i, j, k, bt, prompt, hash_start, hash_ids, hash_block, parent.size, stride, cnode, clo)
-        if find(tab, tb, mask, kk) < 0:
-            put(tab, tb, mask, kk, b)
-            blk[b, KEY] = kk
-        b = blk[b, BELOW]
-        j -= 1
-
-
-@inline
-def _release(i, rep, bt, prompt, parent, shared, hash_start, hash_ids, hash_block, stride, hits, top, own, blk, ends, tab,
-             tb, mask, cnode, clo):
-    """Request ``i`` lets go of its blocks, last to first; those no one else holds join the
-    free queue's tail, keeping their content. Returns how many did. (Without a cache, ``top``
-    is -1: its blocks were only counted.)"""
-    freed = 0 if top[i] >= 0 else own[i]
-    b = top[i]
-    while b >= 0:
-        nx = blk[b, BELOW]
-        blk[b, REF] -= 1
-        if blk[b, REF] == 0:
-            enqueue(blk, ends, rep, b)
-            freed += 1
-        b = nx
-    if hits[i] > 0 and hash_start.size == 0:
-        chain(i, bt, parent, shared, cnode, clo)
-    k = 0
-    for j in range(hits[i] - 1, -1, -1):
-        kk, k = key_at(i, j, k, bt, prompt, hash_start, hash_ids, hash_block, parent.size, stride, cnode, clo)
-        b = find(tab, tb, mask, kk)
-        blk[b, REF] -= 1
-        if blk[b, REF] == 0:
-            enqueue(blk, ends, rep, b)
-            freed += 1
-    top[i] = -1
-    own[i] = 0
-    hits[i] = 0
-    return freed
 
 
 @inline
