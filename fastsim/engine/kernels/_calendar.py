@@ -208,3 +208,24 @@ def extend_run(runs, nruns, run_kv, run_pairs, run_nw, run_m, run_s, n_tok, kv_t
         return nruns, run_kv, run_pairs, run_nw, run_m + m, run_s
     nruns = record(runs, nruns, run_nw >> 32, run_kv, run_pairs, run_m, run_nw & LOW, run_s)
     return nruns, kv_tok, pairs, nw, m, s
+
+
+@inline
+def totals(st, runs, nruns, counts, open_run):
+    """A pool kernel's end: each replica's open step run written out, then the totals over
+    replicas. ``st``: per-replica scalars, whose columns from ``counts`` are steps, busy
+    slot-steps, max_queue, preemptions, KV block-steps and peak KV blocks, and from ``open_run``
+    the open run (kv, pairs, N << 32 | w, m, S). Returns what the kernel returns: (steps, busy,
+    max_queue, preemptions, KV block-steps, peak KV blocks, runs)."""
+    steps = busy = max_queue = preemptions = kv_sum = kv_peak = 0
+    for r in range(st.shape[0]):
+        nw = st[r, open_run + 2]
+        nruns = record(runs, nruns, nw >> 32, st[r, open_run], st[r, open_run + 1], st[r, open_run + 3], nw & LOW,
+                       st[r, open_run + 4])
+        steps += st[r, counts]
+        busy += st[r, counts + 1]
+        max_queue = max(max_queue, st[r, counts + 2])
+        preemptions += st[r, counts + 3]
+        kv_sum += st[r, counts + 4]
+        kv_peak = max(kv_peak, st[r, counts + 5])
+    return steps, busy, max_queue, preemptions, kv_sum, kv_peak, nruns

@@ -44,7 +44,7 @@ from ..._jit import jit, largest
 from ...model.cost import step_time, step_time_with, weights_time
 from ..router import choose
 from ._bare import blocks_last, blocks_taken, mark, next_filled, occupancy, timed
-from ._calendar import LOW, RING_MAX, extend_run, record
+from ._calendar import RING_MAX, extend_run, totals
 from ._running import cal_file, cal_remove, cdiv, fresh, unlink
 
 WORK_ROWS = 13  # the kernel's per-request state: rows of ``work``
@@ -438,14 +438,5 @@ def continuous(arrival, prompt, output, replicas, code, routes, limit, k, budget
         st[rep, QLAST] = q
         st[rep, NWAIT] += 1
         q += 1
-    steps = busy = max_queue = preemptions = kv_sum = kv_peak = 0
-    for r in range(replicas):  # close every open run; the totals
-        nruns = record(runs, nruns, st[r, RUN_NW] >> 32, st[r, RUN_KV], st[r, RUN_PAIRS], st[r, RUN_M],
-                       st[r, RUN_NW] & LOW, st[r, RUN_S])
-        steps += st[r, STEPS]
-        busy += st[r, BUSY]
-        max_queue = max(max_queue, st[r, MAX_QUEUE])
-        preemptions += st[r, PREEMPTIONS]
-        kv_sum += st[r, KV_SUM]
-        kv_peak = max(kv_peak, st[r, KV_PEAK])
+    steps, busy, max_queue, preemptions, kv_sum, kv_peak, nruns = totals(st, runs, nruns, STEPS, RUN_KV)
     return steps, busy, max_queue, preemptions, kv_sum, kv_peak, nruns, ngaps

@@ -23,7 +23,7 @@ from ...model.cost import step_time
 from ..router import LEAST_KV, LEAST_OUTSTANDING, RANDOM, ROUND_ROBIN
 from . import _cache
 from ._cache import REF, allocate, fill, hit, release, unqueue
-from ._calendar import LOW, extend_run, record
+from ._calendar import extend_run, totals
 from ._running import cdiv
 
 # Per-request rows of ``req``.
@@ -326,16 +326,7 @@ def cached_pool(arrival, prompt, output, parent, shared, hash_start, hash_ids, h
             st[to, WHEAD] = q
         st[to, WTAIL] = q
         st[to, NWAIT] += 1
-    steps = busy = max_queue = preemptions = kv_sum = kv_peak = 0
-    for r in range(replicas):
-        nruns = record(runs, nruns, st[r, RUN_NW] >> 32, st[r, RUN_KV], st[r, RUN_PAIRS], st[r, RUN_M],
-                       st[r, RUN_NW] & LOW, st[r, RUN_S])
-        steps += st[r, STEPS]
-        busy += st[r, BUSY]
-        max_queue = max(max_queue, st[r, MAX_QUEUE])
-        preemptions += st[r, PREEMPTIONS]
-        kv_sum += st[r, KV_SUM]
-        kv_peak = max(kv_peak, st[r, KV_PEAK])
+    steps, busy, max_queue, preemptions, kv_sum, kv_peak, nruns = totals(st, runs, nruns, STEPS, RUN_KV)
     return steps, busy, max_queue, preemptions, kv_sum, kv_peak, nruns, ngaps
 
 
