@@ -9,7 +9,8 @@ key, block).
 - The free queue: blocks with REF 0, doubly linked (QPREV, QNEXT), head and tail per replica in
   ``ends``; allocation takes the head (forgetting its content), release appends.
 - BELOW: a request's own blocks (those it allocated) form a stack through it, newest on top;
-  the blocks it hit are found again by their content, which cannot change while held.
+  the blocks it hit are kept in its running slot (:func:`release`), or, when the slots would
+  take too much memory, found again by their content, which cannot change while held.
 
 Content keys: ``node * stride + j`` for block j of a tree node (a request or a system prompt), or
 ``(nodes + id) * stride + j`` for a hash-id trace's hash id (:func:`key_at`).
@@ -225,10 +226,12 @@ def fill(i, c0, c1, bt, prompt, parent, shared, hash_start, hash_ids, hash_block
 
 @inline
 def release(i, rep, bt, prompt, parent, shared, hash_start, hash_ids, hash_block, stride, hits, top, own, blk, ends, tab,
-             tb, mask, cnode, clo):
+             tb, mask, cnode, clo, slot, held, slots):
     """Request ``i`` lets go of its blocks, last to first; those no one else holds join the
     free queue's tail, keeping their content. Returns how many did. (Without a cache, ``top``
-    is -1: its blocks were only counted.)"""
+    is -1: its blocks were only counted.) The blocks it hit are in ``held`` from ``slot[i] *
+    stride`` (a running request's slot, given back to the stack ``slots``), or found again by
+    their content."""
     freed = 0 if top[i] >= 0 else own[i]
     b = top[i]
     while b >= 0:
@@ -238,16 +241,24 @@ def release(i, rep, bt, prompt, parent, shared, hash_start, hash_ids, hash_block
             enqueue(blk, ends, rep, b)
             freed += 1
         b = nx
-    if hits[i] > 0 and hash_start.size == 0:
+    s = slot[i]
+    if s < 0 and hits[i] > 0 and hash_start.size == 0:
         chain(i, bt, parent, shared, cnode, clo)
     k = 0
     for j in range(hits[i] - 1, -1, -1):
-        kk, k = key_at(i, j, k, bt, prompt, hash_start, hash_ids, hash_block, parent.size, stride, cnode, clo)
-        b = find(tab, tb, mask, kk)
+        if s >= 0:
+            b = held[s * stride + j]
+        else:
+            kk, k = key_at(i, j, k, bt, prompt, hash_start, hash_ids, hash_block, parent.size, stride, cnode, clo)
+            b = find(tab, tb, mask, kk)
         blk[b, REF] -= 1
         if blk[b, REF] == 0:
             enqueue(blk, ends, rep, b)
             freed += 1
+    if s >= 0:
+        slots[0] += 1
+        slots[slots[0]] = s
+        slot[i] = -1
     top[i] = -1
     own[i] = 0
     hits[i] = 0

@@ -27,10 +27,13 @@ from ._calendar import extend_run, totals
 from ._running import cdiv
 
 # Per-request rows of ``req``.
-(G, C, HITS, TOP, OWN, SLACK, RPREV, RNEXT, WNEXT, LAST_STEP, CACHED, REQ_ROWS) = range(12)
+(G, C, HITS, TOP, OWN, SLACK, SLOT, RPREV, RNEXT, WNEXT, LAST_STEP, CACHED, REQ_ROWS) = range(13)
 # Per-replica columns of ``st``.
 (RHEAD, RTAIL, RUNNING, WHEAD, WTAIL, NWAIT, FREE, STEPS, BUSY, MAX_QUEUE, PREEMPTIONS, KV_SUM, KV_PEAK, OUTSTANDING,
  RUN_KV, RUN_PAIRS, RUN_NW, RUN_M, RUN_S, N_STATE) = range(20)
+
+
+HELD_MOST = 1 << 24  # entries of the running requests' hit blocks (128 MB)
 
 
 def stride_of(prompt: np.ndarray, output: np.ndarray, bt: int) -> int:
@@ -47,11 +50,17 @@ def run(arrival, prompt, output, parent, shared, hash_start, hash_ids, hash_bloc
     first, done, arrived = np.empty(n), np.empty(n), arrival.copy()
     replica = np.empty(n, np.int64)
     req = np.zeros((REQ_ROWS, n), np.int64)
-    req[TOP] = req[RPREV] = req[RNEXT] = req[WNEXT] = req[CACHED] = -1
+    req[TOP] = req[SLOT] = req[RPREV] = req[RNEXT] = req[WNEXT] = req[CACHED] = -1
     req[LAST_STEP] = -2
     cache = _cache.start(replicas, blocks)
     stride = stride_of(prompt, output, bt)
     scratch = (np.empty(_depth(parent) + 2, np.int64), np.empty(_depth(parent) + 2, np.int64), np.empty(stride, np.int64))
+    # the blocks each running request hit, by slot, so that releasing them needs no lookup (if that is
+    # at most HELD_MOST entries: else they are looked up again)
+    count = min(limit * replicas, n) if min(limit * replicas, n) * stride <= HELD_MOST else 0
+    slots = np.arange(-1, count, dtype=np.int64)
+    slots[0] = count  # a stack of free slots: its size, then the slots
+    scratch += (np.empty(count * stride, np.int64), slots)
     counters = cached_pool(arrived, prompt, output, parent, shared, hash_start, hash_ids, hash_block, think, replicas,
                            code, routes, weight, limit, k, budget, blocks, bt, caching, api_s, stride, req, *cache,
                            *scratch, first, done, replica, runs, gaps)
@@ -73,7 +82,7 @@ def _depth(parent):
 @jit
 def cached_pool(arrival, prompt, output, parent, shared, hash_start, hash_ids, hash_block, think, replicas, code,
                 routes, weight, limit, k, budget, blocks, bt, caching, api_s, stride, req, blk, ends, tab, cnode, clo,
-                found, first_token, done, replica, runs, gaps):
+                found, held, slots, first_token, done, replica, runs, gaps):
     """Continuous batching with a prefix cache on ``replicas`` replicas of ``blocks`` blocks.
 
     Parameters
@@ -89,6 +98,7 @@ def cached_pool(arrival, prompt, output, parent, shared, hash_start, hash_ids, h
     req : int64 (REQ_ROWS, n)    per-request state, initialised by :func:`run`
     blk, ends, tab    the cache (:func:`fastsim.engine.kernels._cache.start`)
     cnode, clo, found    scratch: a request's chain of owners (:func:`._cache.chain`), its hits' blocks
+    held, slots    the blocks running requests hit, ``stride`` per slot, and the stack of free slots
     first_token, done : float64 (n,), replica : int64 (n,)    filled (engine times)
     runs, gaps    as :func:`fastsim.engine.kernels.continuous.continuous`'s
 
@@ -98,6 +108,7 @@ def cached_pool(arrival, prompt, output, parent, shared, hash_start, hash_ids, h
     size = tab.shape[0] // replicas
     mask = size - 1
     g, c, hits, top, own = req[G], req[C], req[HITS], req[TOP], req[OWN]
+    slot = req[SLOT]
     slack = req[SLACK]  # room in the blocks a running request holds beyond what is scheduled: no division a step
     rprev, rnext, wnext, last_step, cached = req[RPREV], req[RNEXT], req[WNEXT], req[LAST_STEP], req[CACHED]
     last_t = np.zeros(n)
@@ -150,7 +161,7 @@ def cached_pool(arrival, prompt, output, parent, shared, hash_start, hash_ids, h
                     st[rep, RTAIL] = pv
                     st[rep, RUNNING] -= 1
                     free += release(v, rep, bt, prompt, parent, shared, hash_start, hash_ids, hash_block, stride,
-                                     hits, top, own, blk, ends, tab, tb, mask, cnode, clo)
+                                     hits, top, own, blk, ends, tab, tb, mask, cnode, clo, slot, held, slots)
                     c[v] = 0
                     wnext[v] = st[rep, WHEAD]
                     st[rep, WHEAD] = v
@@ -190,11 +201,17 @@ def cached_pool(arrival, prompt, output, parent, shared, hash_start, hash_ids, h
                     new = cdiv(c0 + take, bt) - h
                     if new + free_hits > free:
                         break  # the head blocks the queue
+                    if h > 0 and slots[0] > 0:
+                        sl = slots[slots[0]]
+                        slots[0] -= 1
+                        slot[i] = sl
                     for jj in range(h):
                         b = found[jj]
                         if blk[b, REF] == 0:
                             unqueue(blk, ends, rep, b)
                         blk[b, REF] += 1
+                        if slot[i] >= 0:
+                            held[slot[i] * stride + jj] = b
                     free -= free_hits
                     hits[i] = h
                     if caching:
@@ -278,7 +295,7 @@ def cached_pool(arrival, prompt, output, parent, shared, hash_start, hash_ids, h
                 st[rep, RUNNING] -= 1
                 st[rep, OUTSTANDING] -= 1
                 st[rep, FREE] += release(i, rep, bt, prompt, parent, shared, hash_start, hash_ids, hash_block, stride,
-                                          hits, top, own, blk, ends, tab, tb, mask, cnode, clo)
+                                          hits, top, own, blk, ends, tab, tb, mask, cnode, clo, slot, held, slots)
                 if i + 1 < n and think[i + 1] == think[i + 1]:  # the session's next turn is released
                     t = now + api_s + think[i + 1]
                     arrival[i + 1] = t
