@@ -51,10 +51,13 @@ OVERLOAD_S = 1.0  # ... and a late median TTFT beyond this
 
 
 def overloaded(arrival: np.ndarray, first_token: np.ndarray) -> bool:
-    """See :attr:`Result.overloaded` (requests in arrival order)."""
+    """See :attr:`Result.overloaded` (requests in any order: sessions number theirs by session)."""
     fifth = arrival.size // 5
     if fifth < 4:
         return False
+    if (np.diff(arrival) < 0).any():
+        order = np.argsort(arrival, kind="stable")
+        arrival, first_token = arrival[order], first_token[order]
     ttft = first_token - arrival
     early, late = float(np.median(ttft[:fifth])), float(np.median(ttft[-fifth:]))
     return late > OVERLOAD_S and late > OVERLOAD_RATIO * early

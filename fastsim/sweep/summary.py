@@ -98,6 +98,8 @@ def describe(config: Config, n_requests: int) -> str:
     kv = "KV unlimited" if blocks is None else f"KV {blocks * e.block_tokens:,} tokens"
     budget = "" if e.max_batched_tokens is None else f", budget {e.max_batched_tokens:,} tokens"
     engine = f"{e.policy} batching, max_batch {e.max_batch}, limit {e.limit}{budget}, {kv}"
+    if e.prefix_caching:
+        engine += ", prefix cache"
     if f.replicas > 1 or f.prefill_replicas:
         pool = f"{f.prefill_replicas} prefill + {f.replicas} decode replicas" if f.prefill_replicas else (
             f"{f.replicas} replicas")
@@ -105,6 +107,8 @@ def describe(config: Config, n_requests: int) -> str:
     if w.trace is not None:
         rate = "as recorded" if w.rate is None else f"rescaled to {w.rate:g}/s"
         traffic = f"{n_requests:,} requests of {Path(w.trace).name}, {rate}"
+    elif w.sessions is not None:
+        traffic = f"{n_requests:,} turns of sessions starting at {w.rate:g}/s ({w.rng} traffic, seed {w.seed})"
     else:
         traffic = f"{n_requests:,} requests at {w.rate:g}/s ({w.rng} traffic, seed {w.seed})"
     return f"{model} on {gpu}, tp {e.tp}: {engine}: {traffic}"
@@ -210,7 +214,8 @@ def capacity_rows(grid: Grid, answers: list[capacity.Answer], targets) -> tuple[
         rows.append(labels + [rate, f"{m['goodput_rps']:.3g}", f"{m['ttft_p99_s']:.2f}s",
                               f"{m['tpot_p99_s'] * 1e3:.1f}ms", f"{m['e2e_p99_s']:.1f}s", a.binding])
     names = [str(t) for t in targets]
-    title = f"capacity: the highest rate (requests/s, to 1 %) meeting {' and '.join(names)}"
+    unit = "sessions/s" if grid.base.workload.sessions is not None else "requests/s"  # workload.rate's
+    title = f"capacity: the highest rate ({unit}, to 1 %) meeting {' and '.join(names)}"
     return title, dims + ["max rate", "goodput", "TTFT p99", "TPOT p99", "e2e p99", "binding"], rows, len(dims)
 
 
