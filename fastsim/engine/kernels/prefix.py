@@ -33,7 +33,7 @@ from ._running import cdiv
  RUN_KV, RUN_PAIRS, RUN_NW, RUN_M, RUN_S, N_STATE) = range(20)
 
 
-HELD_MOST = 1 << 24  # entries of the running requests' hit blocks (128 MB)
+HELD_MOST = 1 << 22  # entries of the running requests' hit blocks at most (32 MB)
 
 
 def stride_of(prompt: np.ndarray, output: np.ndarray, bt: int) -> int:
