@@ -20,7 +20,7 @@ import numpy as np
 
 from ..._jit import inline, jit
 from ...model.cost import step_time
-from ..router import LEAST_KV, LEAST_OUTSTANDING, RANDOM, ROUND_ROBIN
+from ..router import PREFIX_AWARE, choose
 from . import _cache
 from ._cache import REF, allocate, fill, hit, release, unqueue
 from ._calendar import extend_run, totals
@@ -29,8 +29,8 @@ from ._running import cdiv
 # Per-request rows of ``req``.
 (G, C, HITS, TOP, OWN, SLACK, SLOT, RPREV, RNEXT, WNEXT, LAST_STEP, CACHED, REQ_ROWS) = range(13)
 # Per-replica columns of ``st``.
-(RHEAD, RTAIL, RUNNING, WHEAD, WTAIL, NWAIT, FREE, STEPS, BUSY, MAX_QUEUE, PREEMPTIONS, KV_SUM, KV_PEAK, OUTSTANDING,
- RUN_KV, RUN_PAIRS, RUN_NW, RUN_M, RUN_S, N_STATE) = range(20)
+(RHEAD, RTAIL, RUNNING, WHEAD, WTAIL, NWAIT, FREE, STEPS, BUSY, MAX_QUEUE, PREEMPTIONS, KV_SUM, KV_PEAK, RUN_KV,
+ RUN_PAIRS, RUN_NW, RUN_M, RUN_S, N_STATE) = range(19)
 
 
 HELD_MOST = 1 << 22  # entries of the running requests' hit blocks at most (32 MB)
@@ -117,6 +117,8 @@ def cached_pool(arrival, prompt, output, parent, shared, hash_start, hash_ids, h
         st[r, RHEAD] = st[r, RTAIL] = st[r, WHEAD] = st[r, WTAIL] = -1
         st[r, FREE] = blocks
     now_r = np.zeros(replicas)
+    outstanding = np.zeros(replicas, np.int64)  # routed to each replica, not yet done
+    in_use = np.zeros(replicas, np.int64)  # KV blocks in use on each, at a routing instant
     heap_t = np.empty(n)  # released turns: a binary heap on (time, request)
     heap_i = np.empty(n, np.int64)
     nheap = 0
@@ -293,7 +295,7 @@ def cached_pool(arrival, prompt, output, parent, shared, hash_start, hash_ids, h
                 else:
                     st[rep, RTAIL] = pv
                 st[rep, RUNNING] -= 1
-                st[rep, OUTSTANDING] -= 1
+                outstanding[rep] -= 1
                 st[rep, FREE] += release(i, rep, bt, prompt, parent, shared, hash_start, hash_ids, hash_block, stride,
                                           hits, top, own, blk, ends, tab, tb, mask, cnode, clo, slot, held, slots)
                 if i + 1 < n and think[i + 1] == think[i + 1]:  # the session's next turn is released
@@ -311,29 +313,23 @@ def cached_pool(arrival, prompt, output, parent, shared, hash_start, hash_ids, h
             sp += 1
         else:
             nheap = _pop(heap_t, heap_i, nheap)
-        if code == ROUND_ROBIN:
-            to = routed % replicas
-        elif code == RANDOM:
-            to = routes[routed]
-        else:
+        for r in range(replicas):
+            in_use[r] = blocks - st[r, FREE]
+        if code != PREFIX_AWARE:
+            to = choose(code, routed, routes, outstanding, in_use)
+        else:  # the fewest blocks missed (weighted) plus blocks in use; ties as least_kv's
             to = 0
             best = np.inf
             for r in range(replicas):
-                used = blocks - st[r, FREE]
-                if code == LEAST_OUTSTANDING:
-                    score = 0.0
-                elif code == LEAST_KV:
-                    score = float(used)
-                else:
-                    miss = cdiv(prompt[q], bt) - hit(q, 0, r * size, mask, bt, prompt, parent, shared, hash_start,
-                                                      hash_ids, hash_block, stride, tab, blk, cnode, clo, found)[0]
-                    score = miss * weight + used
-                if r == 0 or score < best or (score == best and st[r, OUTSTANDING] < st[to, OUTSTANDING]):
+                miss = cdiv(prompt[q], bt) - hit(q, 0, r * size, mask, bt, prompt, parent, shared, hash_start,
+                                                  hash_ids, hash_block, stride, tab, blk, cnode, clo, found)[0]
+                score = miss * weight + in_use[r]
+                if r == 0 or score < best or (score == best and outstanding[r] < outstanding[to]):
                     to = r
                     best = score
         routed += 1
         replica[q] = to
-        st[to, OUTSTANDING] += 1
+        outstanding[to] += 1
         if st[to, RUNNING] == 0 and st[to, NWAIT] == 0:
             now_r[to] = max(now_r[to], t_next)
         wnext[q] = -1
