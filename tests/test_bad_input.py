@@ -185,6 +185,7 @@ for id, args, names in [
     ("sessions-think-mean-negative", ["--set", "workload.sessions.think_s.mean=-0.5"], "workload.sessions.think_s.mean"),
     ("sessions-stdlib", [*SESSIONS, "--set", "workload.rng=stdlib"], "workload.sessions"),
     ("sessions-prefill-pool", [*SESSIONS, "--set", "fleet.prefill_replicas=1"], "workload.sessions"),
+    ("sessions-pinned-prefix", [*SESSIONS, "--set", "workload.prefix_tokens=100"], "workload.prefix_tokens"),
     ("sessions-context-too-long", [*SESSIONS, "--set", "workload.sessions.max_context=10000000",
                                    "--set", "workload.sessions.followup.dist=fixed",
                                    "--set", "workload.sessions.followup.value=300000"], "workload.sessions.max_context"),

@@ -128,6 +128,9 @@ def _prefix_cache(config: Config) -> None:
             raise ConfigError("workload.sessions: not with a workload.trace (a trace records its own arrivals)")
         if w.rng != "numpy":
             raise ConfigError("workload.sessions needs workload.rng: numpy")
+        if w.prefix_tokens and not e.prefix_caching:
+            raise ConfigError("workload.prefix_tokens with workload.sessions needs engine.prefix_caching: true (the "
+                              "prefix is then a cached system prompt; a pinned one is not modelled in sessions)")
         if fleet.disaggregated(config):
             raise ConfigError("workload.sessions: not with a prefill pool (fleet.prefill_replicas) yet: a session's "
                               "next turn would wait on the decode pool")

@@ -49,10 +49,12 @@ class Content:
 
 
 def none(n: int) -> Content:
-    """Every request's content its own."""
-    minus = np.full(n, -1, np.int64)
-    return Content(minus, np.zeros(n, np.int64), np.empty(0, np.int64), np.empty(0, np.int64), 1, minus, np.zeros(n, np.int64),
-                   minus, np.full(n, np.nan))
+    """Every request's content its own (each array its own: a result hands them out)."""
+    def minus() -> np.ndarray:
+        return np.full(n, -1, np.int64)
+
+    return Content(minus(), np.zeros(n, np.int64), np.empty(0, np.int64), np.empty(0, np.int64), 1, minus(),
+                   np.zeros(n, np.int64), minus(), np.full(n, np.nan))
 
 
 def groups(w: Workload, count: int) -> np.ndarray:
