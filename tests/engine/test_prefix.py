@@ -287,3 +287,23 @@ def test_without_shared_content_the_cache_matters_only_after_a_preemption(config
     config = config.with_values({"workload.system_prompts": None, "workload.sessions": None,
                                  "workload.prefix_tokens": 0, "engine.prefix_caching": True})
     agree(config, of(config))
+
+
+def test_sessions_end_before_their_context_and_count_turns_to_n_requests():
+    config = Config().with_values({
+        "hardware.preset": "h100-sxm", "model.preset": "llama-3.1-8b", "engine.prefix_caching": True,
+        "workload.n_requests": 997, "workload.prompt.value": 500, "workload.output.max": 400,
+        "workload.system_prompts": {"count": 5, "tokens": 100, "popularity": "zipf", "zipf_s": 1.5},
+        "workload.sessions": {"turns": {"dist": "fixed", "value": 8}, "max_context": 3000}})
+    t = of(config)
+    c = t.content
+    assert len(t) == 997 and (t.prompt_tokens + t.output_tokens <= 3000).all()
+    ends = np.flatnonzero(np.diff(c.session) != 0)  # the last turn of every session but the last
+    cut = ends[c.turn[ends] < 8]
+    # the turn it did not take: all of the last one, a follow-up (fixed, like the prompt: 500), and
+    # the output drawn for that request index (the next session's first turn took it instead)
+    assert cut.size and (t.prompt_tokens[cut] + t.output_tokens[cut] + 500 + t.output_tokens[cut + 1] > 3000).all()
+    kept = np.flatnonzero(c.turn > 1)
+    assert (t.prompt_tokens[kept] == t.prompt_tokens[kept - 1] + t.output_tokens[kept - 1] + 500).all()
+    counts = np.bincount(c.system_prompt[c.turn == 1], minlength=5)
+    assert counts[0] == counts.max() and (np.diff(counts) <= 0).sum() >= 3  # Zipf: the first is the most popular
