@@ -9,11 +9,13 @@ a grid up costs the same per point however long its axes.
 from __future__ import annotations
 
 import itertools
+import json
 import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
+from pydantic import BaseModel
 
 from ..engine.checks import CHECKS
 from ..model.schema import Config, ConfigError, axis_validator, coupled_section, get_dotted, section_validator
@@ -95,6 +97,19 @@ class Grid:
 
     def config(self, index: int) -> Config:
         return self.config_at(self.indices(index))
+
+
+def axis_label(value: Any) -> str:
+    """How an axis value is written in a summary and, for a whole section (a sweep over
+    ``workload.system_prompts``, say), as a dataset coordinate: null, a float's shortest form,
+    a section's keys that differ from their defaults as compact JSON, or the value as text."""
+    if value is None:
+        return "null"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, BaseModel):
+        return json.dumps(value.model_dump(mode="json", exclude_defaults=True), separators=(",", ":"))
+    return str(value)
 
 
 def build_grid(config: Config, check: bool = True) -> Grid:

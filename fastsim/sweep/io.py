@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 import yaml
+from pydantic import BaseModel
 
 from .._version import __version__
 from ..analysis import capacity, plan
@@ -25,7 +26,7 @@ from ..analysis.simulation import Result
 from ..model.keys import units
 from ..model.schema import Config, dim_name
 from .._atomic import atomic_path, disk_error
-from .grid import Grid
+from .grid import Grid, axis_label
 
 if TYPE_CHECKING:
     import xarray as xr
@@ -100,7 +101,10 @@ def _config_text(config: Config) -> str:
 
 
 def _coordinate(values: Sequence[Any]) -> np.ndarray:
-    """A coordinate array; a numeric axis holding null gets NaN there (netCDF has no None)."""
+    """A coordinate array; a numeric axis holding null gets NaN there (netCDF has no None); an
+    axis of whole sections is labelled (:func:`.grid.axis_label`)."""
+    if any(isinstance(v, BaseModel) for v in values):
+        return np.array([axis_label(v) for v in values])
     if any(v is None for v in values) and all(v is None or isinstance(v, (int, float)) for v in values):
         return np.array([np.nan if v is None else v for v in values], dtype=float)
     return np.asarray(values)

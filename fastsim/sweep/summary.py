@@ -18,7 +18,7 @@ import numpy as np
 from ..analysis.metrics import METRICS
 from ..analysis import capacity, plan
 from ..model.schema import Config, dim_name
-from .grid import Grid
+from .grid import Grid, axis_label
 
 METRIC_INDEX = {name: k for k, name in enumerate(METRICS)}
 FULL_TABLE_MAX_ROWS = 40
@@ -114,12 +114,6 @@ def describe(config: Config, n_requests: int) -> str:
     return f"{model} on {gpu}, tp {e.tp}: {engine}: {traffic}"
 
 
-def _label(value: Any) -> str:
-    if value is None:
-        return "null"
-    return f"{value:g}" if isinstance(value, float) else str(value)
-
-
 def _sustained(config: Config, table: np.ndarray) -> tuple[np.ndarray, str]:
     """Which points sustain their load (shape: the table's but its seed and metric axes), and
     the rule, in words: the config's SLO met by 90 % of requests, or without one a median TTFT
@@ -159,7 +153,7 @@ def summarize(grid: Grid, table: np.ndarray) -> tuple[str, list[str], list[list[
     n_rows = math.prod(shape)
 
     def row(index: tuple[int, ...], skip: str | None = None) -> list[str]:
-        labels = [_label(axes[d][i]) for d, i in zip(dims, index) if d != skip]
+        labels = [axis_label(axes[d][i]) for d, i in zip(dims, index) if d != skip]
         return labels + [_cell(table[index], c) for c in shown]
 
     load_sweep = "rate" in dims and len(axes["rate"]) >= 3 and n_rows // len(axes["rate"]) <= FULL_TABLE_MAX_ROWS
@@ -175,13 +169,13 @@ def summarize(grid: Grid, table: np.ndarray) -> tuple[str, list[str], list[list[
         rows = []
         for index in np.ndindex(*kept.shape[:-1]):
             ok = np.flatnonzero(kept[index])
-            labels = [_label(axes[d][i]) for d, i in zip(settings, index)]
+            labels = [axis_label(axes[d][i]) for d, i in zip(settings, index)]
             if ok.size == 0:
-                rows.append(labels + [f"< {_label(axes['rate'][0])}"] + [""] * len(headers))
+                rows.append(labels + [f"< {axis_label(axes['rate'][0])}"] + [""] * len(headers))
                 continue
             best = ok[-1]
             full = index[:r] + (best,) + index[r:]
-            sustained = _label(axes["rate"][best]) + ("+" if best == len(axes["rate"]) - 1 else "")
+            sustained = axis_label(axes["rate"][best]) + ("+" if best == len(axes["rate"]) - 1 else "")
             rows.append(labels + [sustained] + [_cell(table[full], c) for c in shown])
         title = f"{n_rows} grid points: per setting, the highest rate it sustains ({rule}; + = the grid's highest){suffix}"
         return title, settings + ["max rate"] + headers, rows, len(settings) + 1
@@ -207,7 +201,7 @@ def capacity_rows(grid: Grid, answers: list[capacity.Answer], targets) -> tuple[
     dims = [dim_name(key) for key in grid.keys]
     rows = []
     for index, a in zip(np.ndindex(*grid.shape), answers):
-        labels = [_label(grid.axes[j][i]) for j, i in enumerate(index)]
+        labels = [axis_label(grid.axes[j][i]) for j, i in enumerate(index)]
         rate = "none" if a.status == "lowest rate fails" else capacity.rate_text(a.max_rate)
         rate = f">= {rate}" if a.status == "bound not reached" else rate
         m = a.metrics
@@ -266,7 +260,7 @@ def plan_rows(grid: Grid, answers: list[plan.Answer], targets, max_replicas: int
         if not every and (kind in seen if kinds else len(groups) >= TOP):
             continue
         seen.add(kind)
-        settings = ", ".join(f"{_setting(key)} {_label(grid.axes[j][v])}" for j, (key, v) in enumerate(zip(grid.keys, idx)))
+        settings = ", ".join(f"{_setting(key)} {axis_label(grid.axes[j][v])}" for j, (key, v) in enumerate(zip(grid.keys, idx)))
         heading = f"{rank}. {settings or 'the config'}: {a.says or 'one replica meets them'}"
         prefill = [f"{'' if a.prefill_replicas is None else a.prefill_replicas}"] if sized else []
         if a.status != plan.MET:

@@ -307,3 +307,21 @@ def test_sessions_end_before_their_context_and_count_turns_to_n_requests():
     assert (t.prompt_tokens[kept] == t.prompt_tokens[kept - 1] + t.output_tokens[kept - 1] + 500).all()
     counts = np.bincount(c.system_prompt[c.turn == 1], minlength=5)
     assert counts[0] == counts.max() and (np.diff(counts) <= 0).sum() >= 3  # Zipf: the first is the most popular
+
+
+def test_a_sweep_over_whole_system_prompt_sections_labels_them(root, tmp_path):
+    import xarray as xr
+    from typer.testing import CliRunner
+
+    from fastsim.cli import app
+
+    out = tmp_path / "prompts.nc"
+    result = CliRunner().invoke(app, [
+        "sweep", str(root / "configs/chat-fleet.yaml"), "--out", str(out), "--quiet",
+        "--set", "workload.n_requests=300", "--set", "sweep.fleet.router=[prefix_aware]",
+        "--set", "sweep.workload.system_prompts=[{count: 2, tokens: 500}, {count: 8, tokens: 500, popularity: zipf}]"])
+    assert result.exit_code == 0, result.output
+    with xr.open_dataset(out) as ds:
+        assert ds.system_prompts.values.tolist() == ['{"count":2,"tokens":500}',
+                                                     '{"count":8,"tokens":500,"popularity":"zipf"}']
+        assert (ds.prefix_hit_rate > 0).all()
