@@ -118,7 +118,7 @@ def _case(model: str, config: Config, repeats: int, n_requests: int, rows: list,
     first_call_s, _ = _best_of(1, lambda: fleet.run(config, tiny))
     scratch = kernels.Scratch()  # as fastsim.simulate keeps one per thread
     kernel_s, out = _best_of(repeats, lambda: fleet.run(config, traffic, scratch))
-    _check(config, out, traffic.output_tokens, traffic.arrival_s if out.arrival_s is None else out.arrival_s)
+    _check(config, out, traffic.output_tokens, out.arrivals(traffic.arrival_s))
     metrics_s, _ = _best_of(repeats, lambda: measure(config, traffic, out))
     f = config.fleet
     label = config.engine.policy if f.replicas == 1 and not f.prefill_replicas else f.router

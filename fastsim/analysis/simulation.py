@@ -66,8 +66,7 @@ def overloaded(arrival: np.ndarray, first_token: np.ndarray) -> bool:
 def measure(config: Config, traffic: Traffic, out: Outcome) -> dict[str, float]:
     """The metrics of an engine's or a fleet's outcome on ``traffic``."""
     slo = config.slo
-    arrival = traffic.arrival_s if out.arrival_s is None else out.arrival_s
-    return metrics.compute(arrival, traffic.output_tokens, out, config.engine.max_batch,
+    return metrics.compute(out.arrivals(traffic.arrival_s), traffic.output_tokens, out, config.engine.max_batch,
                            (slo.ttft_s, slo.tpot_s, slo.e2e_s), pools.gpus(config), pools.usd_per_hour(config))
 
 
@@ -91,6 +90,6 @@ def simulate(config: Config, traffic: Traffic | None = None, checked: bool = Fal
     checks.traffic_fits(config, traffic)
     out = fleet.run(config, traffic, scratch())  # measured before the next run on this thread
     c = traffic.content
-    return Result(config, measure(config, traffic, out), traffic.arrival_s if out.arrival_s is None else out.arrival_s,
+    return Result(config, measure(config, traffic, out), out.arrivals(traffic.arrival_s),
                   traffic.prompt_tokens, traffic.output_tokens, out.first_token_s, out.done_s, out.replica,
                   out.prefill_replica, out.cached_tokens, *((c.session, c.turn, c.system_prompt) if c else ()))

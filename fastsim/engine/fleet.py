@@ -27,7 +27,8 @@ from ..model.routers import ROUTERS
 from ..model.schema import Config
 from . import content as shares
 from . import link, router, stalls
-from .kernels import FULL_COLUMNS, RUNS_PER_REQUEST, Counters, Outcome, Plan, Scratch, longest_output, outcome, run_engine, with_api
+from .kernels import (FULL_COLUMNS, Outcome, Plan, Scratch, longest_output, outcome, run_engine, with_api,
+                      with_room)
 from .kernels import prefix
 from .kernels.continuous import WORK_ROWS, continuous
 from .traffic import Traffic, routes
@@ -72,18 +73,11 @@ def _pool(p: Plan, name: str, replicas: int, arrival: np.ndarray, prompt: np.nda
     blocks = p.blocks if p.blocks >= 0 or not how.counts_blocks else 1 << 50  # counted in a cache of any size
     first, done = np.empty(n), np.empty(n)
     replica = np.empty(n, np.int64)
-    room = (RUNS_PER_REQUEST * n + 64, n // 8 + 64)  # as the one-engine driver's
     scratch = Scratch() if scratch is None else scratch
-    while True:
-        runs = scratch.take(room[0], False)
-        gaps = np.empty(room[1])
-        counters = Counters(*continuous(
-            arrival, prompt, output, replicas, how.code, draws.astype(np.int64), p.limit, p.k, p.budget,
-            blocks, p.block_tokens, p.reserve, p.prefix_blocks, p.max_output, token_1, first, done, replica, runs, gaps,
-            scratch.work(WORK_ROWS, n)))
-        if counters.runs <= len(runs) and counters.gaps <= len(gaps):
-            break
-        room = (max(counters.runs, room[0]), max(counters.gaps, room[1]))
+    counters, runs, gaps = with_room(n, scratch, False, lambda runs, gaps: continuous(
+        arrival, prompt, output, replicas, how.code, draws.astype(np.int64), p.limit, p.k, p.budget,
+        blocks, p.block_tokens, p.reserve, p.prefix_blocks, p.max_output, token_1, first, done, replica, runs, gaps,
+        scratch.work(WORK_ROWS, n)))
     return outcome(p, first, done, counters, runs, gaps, replica.astype(np.int32))
 
 
@@ -102,14 +96,13 @@ def run(config: Config, traffic: Traffic, scratch: Scratch | None = None) -> Out
     elif kind == "cached":
         out = _unshared(plan, f.router, f.replicas, traffic, draws, scratch) if traffic.content is None else None
         if out is None:
-            out = _cached(config, plan, f.replicas, traffic, output, draws)
+            out = _cached(config, plan, f.replicas, traffic, output, draws, scratch)
             out = dataclasses.replace(out, replica=None) if f.replicas == 1 else out  # one engine's, as always
     elif kind != "disaggregated":  # replicas apart or a coupled pool: the router decides
         out = _pool(plan, f.router, f.replicas, arrival, prompt, output, draws, scratch)
     else:
         out = _disaggregated(config, plan, traffic, draws, scratch)
-    stalls.apply(config, arrival if out.arrival_s is None else out.arrival_s, out.first_token_s, out.done_s,
-                 out.replica, out.prefill_replica)
+    stalls.apply(config, out.arrivals(arrival), out.first_token_s, out.done_s, out.replica, out.prefill_replica)
     return with_api(out, config.calibration.api_overhead_ms / 1000)
 
 
@@ -130,25 +123,26 @@ def _unshared(p: Plan, router: str, replicas: int, traffic: Traffic, draws: np.n
     return dataclasses.replace(out, cached_tokens=np.zeros(len(traffic), np.int64), prefix_hit_rate=0.0)
 
 
-def _cached(config: Config, p: Plan, replicas: int, traffic: Traffic, output: np.ndarray, draws: np.ndarray
-            ) -> Outcome:
+def _cached(config: Config, p: Plan, replicas: int, traffic: Traffic, output: np.ndarray, draws: np.ndarray,
+            scratch: Scratch | None) -> Outcome:
     """The prefix-caching loop (:mod:`.kernels.prefix`) on ``replicas`` replicas of plan ``p``
     (engine times); ``output``: the outputs it runs (ones on a prefill pool)."""
+    scratch = Scratch() if scratch is None else scratch
     f = config.fleet
     n = len(traffic)
     c = traffic.content if traffic.content is not None else shares.none(n)
     prompt = traffic.prompt_tokens
-    room = (RUNS_PER_REQUEST * n + 64, n // 8 + 64)
-    while True:
-        runs, gaps = np.empty((room[0], FULL_COLUMNS), np.int64), np.empty(room[1])
-        first, done, arrived, replica, cached, counters = prefix.run(
+    got = []  # the per-request arrays of the last call
+
+    def call(runs: np.ndarray, gaps: np.ndarray) -> tuple:
+        *got[:], counters = prefix.run(
             traffic.arrival_s, prompt, output, c.parent, c.shared, c.hash_start, c.hash_ids, c.hash_block, c.think_s,
             replicas, ROUTERS[f.router].code, draws.astype(np.int64), f.prefix_weight, p.limit, p.k, p.budget,
             p.blocks, p.block_tokens, config.engine.prefix_caching, p.api_s, runs, gaps)
-        counters = Counters(*counters)
-        if counters.runs <= len(runs) and counters.gaps <= len(gaps):
-            break
-        room = (max(counters.runs, room[0]), max(counters.gaps, room[1]))
+        return counters
+
+    counters, runs, gaps = with_room(n, scratch, False, call)
+    first, done, arrived, replica, cached = got
     out = outcome(p, first, done, counters, runs, gaps, replica.astype(np.int32))
     hit = float(cached.sum()) / float(prompt.sum()) if config.engine.prefix_caching and prompt.sum() else np.nan
     return dataclasses.replace(out, arrival_s=arrived if c.closed_loop else None, cached_tokens=cached,
@@ -166,7 +160,7 @@ def _disaggregated(config: Config, plan: Plan, traffic: Traffic, draws: np.ndarr
     pre_draws = routes(config.workload, n, f.prefill_replicas, 1) if ROUTERS[f.router].draws else draws
     ones = np.ones(n, np.int64)
     if config.engine.prefix_caching:  # the prompts are cached where they are computed
-        pre = _cached(config, prefill, f.prefill_replicas, traffic, ones, pre_draws)
+        pre = _cached(config, prefill, f.prefill_replicas, traffic, ones, pre_draws, scratch)
     else:
         pre = _pool(prefill, f.router, f.prefill_replicas, arrival, prompt, ones, pre_draws, scratch)
     ended = pre.done_s  # the end of each prompt's step: its first token (engine time)

@@ -21,7 +21,7 @@ from ._calendar import COMPACT_RUN, FULL_COLUMNS, RING_MAX
 from .one_engine import LAYOUT, kernel_of
 
 __all__ = ["RING_MAX", "RUNS_PER_REQUEST", "Outcome", "Plan", "Scratch", "kv_totals", "longest_output", "outcome",
-           "run", "run_engine", "with_api"]
+           "run", "run_engine", "with_api", "with_room"]
 
 UNLIMITED_BUDGET = 1 << 62
 RUNS_PER_REQUEST = 3  # room for step runs; measured 0.9 to 2.8 a request (lesson, rates 8 and 40)
@@ -132,6 +132,11 @@ class Outcome:
     cached_tokens: np.ndarray | None = None  # int64 (n,): each request's prefix-cache hit at its first admission
     prefix_hit_rate: float = float("nan")  # hit tokens at first admissions / prompt tokens (NaN: no cache)
 
+    def arrivals(self, given: np.ndarray) -> np.ndarray:
+        """The arrival times the run saw: ``given`` (the traffic's), but where the run set some
+        (sessions' later turns)."""
+        return given if self.arrival_s is None else self.arrival_s
+
 
 def _room(buffer: np.ndarray, size: int) -> np.ndarray:
     """``buffer``, or a new one when it is too small or far too large (a huge one is let go)."""
@@ -193,20 +198,27 @@ def run_engine(p: Plan, arrival: np.ndarray, prompt: np.ndarray, output: np.ndar
     n = arrival.size
     first_token = np.empty(n)
     done = np.empty(n)
-    room = (RUNS_PER_REQUEST * n + 64, n // 8 + 64)
     kernel = kernel_of(p.lesson, p.policy, token_1.size > 0)
     rows, compact = LAYOUT[kernel]
     scratch = Scratch() if scratch is None else scratch
     numbers = p.numbers
+    counters, runs, gaps = with_room(n, scratch, compact, lambda runs, gaps: kernel(
+        arrival, prompt, output, numbers, token_1, first_token, done, runs, gaps, scratch.work(rows, n)))
+    return outcome(p, first_token, done, counters, runs, gaps)
+
+
+def with_room(n: int, scratch: Scratch, compact: bool, call) -> tuple[Counters, np.ndarray, np.ndarray]:
+    """Run a kernel, ``call(runs, gaps)`` returning its counters, with room for the step runs
+    and irregular gaps of ``n`` requests (in the compact or the full layout); when it needed
+    more (rare), again with room for every record. Returns (counters, runs, gaps)."""
+    room = (RUNS_PER_REQUEST * n + 64, n // 8 + 64)
     while True:
         runs = scratch.take(room[0], compact)
         gaps = np.empty(room[1])
-        counters = Counters(*kernel(arrival, prompt, output, numbers, token_1, first_token, done, runs, gaps,
-                                    scratch.work(rows, n)))
+        counters = Counters(*call(runs, gaps))
         if counters.runs <= len(runs) and counters.gaps <= len(gaps):
-            break
-        room = (max(counters.runs, room[0]), max(counters.gaps, room[1]))  # rare: run again with room for every record
-    return outcome(p, first_token, done, counters, runs, gaps)
+            return counters, runs, gaps
+        room = (max(counters.runs, room[0]), max(counters.gaps, room[1]))
 
 
 def with_api(out: Outcome, api_s: float) -> Outcome:

@@ -186,17 +186,22 @@ def hit(i, g, tb, mask, bt, prompt, parent, shared, hash_start, hash_ids, hash_b
 
 
 @inline
-def allocate(i, rep, top, own, blk, ends, tab, tb, mask):
-    """Give request ``i`` the free queue's head, forgetting its content; on top of its stack."""
-    b = ends[rep, 0]
-    unqueue(blk, ends, rep, b)
-    if blk[b, KEY] >= 0:
-        drop(tab, tb, mask, blk[b, KEY])
-        blk[b, KEY] = -1
-    blk[b, REF] = 1
-    blk[b, BELOW] = top[i]
-    top[i] = b
-    own[i] += 1
+def allocate(i, count, caching, rep, top, own, blk, ends, tab, tb, mask):
+    """Give request ``i`` ``count`` blocks: the free queue's head each (forgetting its content),
+    on top of its stack; without a cache only counted."""
+    if not caching:
+        own[i] += count
+        return
+    for _ in range(count):
+        b = ends[rep, 0]
+        unqueue(blk, ends, rep, b)
+        if blk[b, KEY] >= 0:
+            drop(tab, tb, mask, blk[b, KEY])
+            blk[b, KEY] = -1
+        blk[b, REF] = 1
+        blk[b, BELOW] = top[i]
+        top[i] = b
+        own[i] += 1
 
 
 @inline

@@ -77,3 +77,16 @@ def unlink(rprev, rnext, rhead, rtail, i):
     rnext[pv if pv >= 0 else rnext.size - 1] = nx
     rprev[nx if nx >= 0 else rprev.size - 1] = pv
     return (nx if pv < 0 else rhead), (pv if nx < 0 else rtail)
+
+
+@inline
+def join_queue(st, link, rep, q, first, last, waiting):
+    """Request ``q`` joins the tail of replica ``rep``'s waiting queue: a list through ``link``,
+    its ends and length in columns ``first``, ``last`` and ``waiting`` of ``st``."""
+    link[q] = -1
+    if st[rep, last] >= 0:
+        link[st[rep, last]] = q
+    else:
+        st[rep, first] = q
+    st[rep, last] = q
+    st[rep, waiting] += 1

@@ -45,7 +45,7 @@ from ...model.cost import step_time, step_time_with, weights_time
 from ..router import choose
 from ._bare import blocks_last, blocks_taken, mark, next_filled, occupancy, timed
 from ._calendar import RING_MAX, extend_run, totals
-from ._running import cal_file, cal_remove, cdiv, fresh, unlink
+from ._running import cal_file, cal_remove, cdiv, fresh, join_queue, unlink
 
 WORK_ROWS = 13  # the kernel's per-request state: rows of ``work``
 STEPPED = 16  # bare steps taken one by one before the rest of a run goes in closed form
@@ -430,13 +430,7 @@ def continuous(arrival, prompt, output, replicas, code, routes, limit, k, budget
         outstanding[rep] += 1
         if st[rep, RUNNING] == 0 and st[rep, NWAIT] == 0:
             now_r[rep] = max(now_r[rep], arrival[q])  # an idle replica wakes when a request reaches it
-        qnext[q] = -1
-        if st[rep, QLAST] >= 0:
-            qnext[st[rep, QLAST]] = q
-        else:
-            st[rep, QFIRST] = q
-        st[rep, QLAST] = q
-        st[rep, NWAIT] += 1
+        join_queue(st, qnext, rep, q, QFIRST, QLAST, NWAIT)
         q += 1
     steps, busy, max_queue, preemptions, kv_sum, kv_peak, nruns = totals(st, runs, nruns, STEPS, RUN_KV)
     return steps, busy, max_queue, preemptions, kv_sum, kv_peak, nruns, ngaps

@@ -24,7 +24,7 @@ from ..router import PREFIX_AWARE, choose
 from . import _cache
 from ._cache import REF, allocate, fill, hit, release, unqueue
 from ._calendar import extend_run, totals
-from ._running import cdiv
+from ._running import cdiv, join_queue, unlink
 
 # Per-request rows of ``req``.
 (G, C, HITS, TOP, OWN, SLACK, SLOT, RPREV, RNEXT, WNEXT, LAST_STEP, CACHED, REQ_ROWS) = range(13)
@@ -49,22 +49,24 @@ def run(arrival, prompt, output, parent, shared, hash_start, hash_ids, hash_bloc
     n = arrival.size
     first, done, arrived = np.empty(n), np.empty(n), arrival.copy()
     replica = np.empty(n, np.int64)
-    req = np.zeros((REQ_ROWS, n), np.int64)
+    req = np.zeros((REQ_ROWS, n + 1), np.int64)  # a spare slot in each row (:mod:`._running`)
     req[TOP] = req[SLOT] = req[RPREV] = req[RNEXT] = req[WNEXT] = req[CACHED] = -1
     req[LAST_STEP] = -2
     cache = _cache.start(replicas, blocks)
     stride = stride_of(prompt, output, bt)
-    scratch = (np.empty(_depth(parent) + 2, np.int64), np.empty(_depth(parent) + 2, np.int64), np.empty(stride, np.int64))
+    depth = _depth(parent) + 2
     # the blocks each running request hit, by slot, so that releasing them needs no lookup (if that is
     # at most HELD_MOST entries: else they are looked up again)
-    count = min(limit * replicas, n) if min(limit * replicas, n) * stride <= HELD_MOST else 0
+    count = min(limit * replicas, n)
+    count = count if count * stride <= HELD_MOST else 0
     slots = np.arange(-1, count, dtype=np.int64)
     slots[0] = count  # a stack of free slots: its size, then the slots
-    scratch += (np.empty(count * stride, np.int64), slots)
+    scratch = (np.empty(depth, np.int64), np.empty(depth, np.int64), np.empty(stride, np.int64),
+               np.empty(count * stride, np.int64), slots)
     counters = cached_pool(arrived, prompt, output, parent, shared, hash_start, hash_ids, hash_block, think, replicas,
                            code, routes, weight, limit, k, budget, blocks, bt, caching, api_s, stride, req, *cache,
                            *scratch, first, done, replica, runs, gaps)
-    return first, done, arrived, replica, req[CACHED].copy(), counters
+    return first, done, arrived, replica, req[CACHED, :n].copy(), counters
 
 
 @jit
@@ -95,7 +97,7 @@ def cached_pool(arrival, prompt, output, parent, shared, hash_start, hash_ids, h
     think : float64 (n,)    a later turn's think time (s), NaN otherwise
     code : int    the router; ``routes`` the random router's draws; ``weight`` prefix_aware's
     caching : bool    blocks are cached by content (else only counted)
-    req : int64 (REQ_ROWS, n)    per-request state, initialised by :func:`run`
+    req : int64 (REQ_ROWS, n + 1)    per-request state, initialised by :func:`run`
     blk, ends, tab    the cache (:func:`fastsim.engine.kernels._cache.start`)
     cnode, clo, found    scratch: a request's chain of owners (:func:`._cache.chain`), its hits' blocks
     held, slots    the blocks running requests hit, ``stride`` per slot, and the stack of free slots
@@ -155,12 +157,7 @@ def cached_pool(arrival, prompt, output, parent, shared, hash_start, hash_ids, h
                 gone = False
                 while need > free:  # preempt the newest
                     v = st[rep, RTAIL]
-                    pv = rprev[v]
-                    if pv >= 0:
-                        rnext[pv] = -1
-                    else:
-                        st[rep, RHEAD] = -1
-                    st[rep, RTAIL] = pv
+                    st[rep, RHEAD], st[rep, RTAIL] = unlink(rprev, rnext, st[rep, RHEAD], st[rep, RTAIL], v)
                     st[rep, RUNNING] -= 1
                     free += release(v, rep, bt, prompt, parent, shared, hash_start, hash_ids, hash_block, stride,
                                      hits, top, own, blk, ends, tab, tb, mask, cnode, clo, slot, held, slots)
@@ -177,11 +174,7 @@ def cached_pool(arrival, prompt, output, parent, shared, hash_start, hash_ids, h
                         break
                 if gone:
                     break
-                if caching:
-                    for _ in range(need):
-                        allocate(j, rep, top, own, blk, ends, tab, tb, mask)
-                else:  # nothing is cached: blocks are only counted
-                    own[j] += need
+                allocate(j, need, caching, rep, top, own, blk, ends, tab, tb, mask)
                 free -= need
                 slack[j] += need * bt - take
                 if caching and (take > 1 or slack[j] == 0):  # a block filled
@@ -203,7 +196,8 @@ def cached_pool(arrival, prompt, output, parent, shared, hash_start, hash_ids, h
                     new = cdiv(c0 + take, bt) - h
                     if new + free_hits > free:
                         break  # the head blocks the queue
-                    if h > 0 and slots[0] > 0:
+                    sl = -1
+                    if h > 0 and slots[0] > 0:  # a slot keeps the blocks it hits for its release
                         sl = slots[slots[0]]
                         slots[0] -= 1
                         slot[i] = sl
@@ -212,15 +206,11 @@ def cached_pool(arrival, prompt, output, parent, shared, hash_start, hash_ids, h
                         if blk[b, REF] == 0:
                             unqueue(blk, ends, rep, b)
                         blk[b, REF] += 1
-                        if slot[i] >= 0:
-                            held[slot[i] * stride + jj] = b
+                        if sl >= 0:
+                            held[sl * stride + jj] = b
                     free -= free_hits
                     hits[i] = h
-                    if caching:
-                        for _ in range(new):
-                            allocate(i, rep, top, own, blk, ends, tab, tb, mask)
-                    else:
-                        own[i] = new
+                    allocate(i, new, caching, rep, top, own, blk, ends, tab, tb, mask)
                     free -= new
                     slack[i] = (h + new) * bt - c0 - take
                     if cached[i] < 0:
@@ -285,15 +275,7 @@ def cached_pool(arrival, prompt, output, parent, shared, hash_start, hash_ids, h
                 if g[i] < output[i]:
                     continue
                 done[i] = now
-                pv, nx = rprev[i], rnext[i]
-                if pv >= 0:
-                    rnext[pv] = nx
-                else:
-                    st[rep, RHEAD] = nx
-                if nx >= 0:
-                    rprev[nx] = pv
-                else:
-                    st[rep, RTAIL] = pv
+                st[rep, RHEAD], st[rep, RTAIL] = unlink(rprev, rnext, st[rep, RHEAD], st[rep, RTAIL], i)
                 st[rep, RUNNING] -= 1
                 outstanding[rep] -= 1
                 st[rep, FREE] += release(i, rep, bt, prompt, parent, shared, hash_start, hash_ids, hash_block, stride,
@@ -332,13 +314,7 @@ def cached_pool(arrival, prompt, output, parent, shared, hash_start, hash_ids, h
         outstanding[to] += 1
         if st[to, RUNNING] == 0 and st[to, NWAIT] == 0:
             now_r[to] = max(now_r[to], t_next)
-        wnext[q] = -1
-        if st[to, WTAIL] >= 0:
-            wnext[st[to, WTAIL]] = q
-        else:
-            st[to, WHEAD] = q
-        st[to, WTAIL] = q
-        st[to, NWAIT] += 1
+        join_queue(st, wnext, to, q, WHEAD, WTAIL, NWAIT)
     steps, busy, max_queue, preemptions, kv_sum, kv_peak, nruns = totals(st, runs, nruns, STEPS, RUN_KV)
     return steps, busy, max_queue, preemptions, kv_sum, kv_peak, nruns, ngaps
 
