@@ -275,7 +275,16 @@ def cached_pool(arrival, prompt, output, parent, shared, hash_start, hash_ids, h
                 if g[i] < output[i]:
                     continue
                 done[i] = now
-                st[rep, RHEAD], st[rep, RTAIL] = unlink(rprev, rnext, st[rep, RHEAD], st[rep, RTAIL], i)
+                pv, nx = rprev[i], rnext[i]  # unlinked here, not by _running.unlink, whose two stores
+                # into ``st`` per completion measured ~8 % of the sessions row
+                if pv >= 0:
+                    rnext[pv] = nx
+                else:
+                    st[rep, RHEAD] = nx
+                if nx >= 0:
+                    rprev[nx] = pv
+                else:
+                    st[rep, RTAIL] = pv
                 st[rep, RUNNING] -= 1
                 outstanding[rep] -= 1
                 st[rep, FREE] += release(i, rep, bt, prompt, parent, shared, hash_start, hash_ids, hash_block, stride,
