@@ -23,7 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..engine.traffic import Traffic, generate
+from ..engine import traffic as traffic_of
+from ..engine.traffic import Traffic
 from ..model.schema import Calibration, ConfigError
 from .measured import Measured
 from .simulation import simulate
@@ -120,7 +121,7 @@ class _Runs:
 
     def __init__(self, runs: list[Measured]):
         self.runs = runs
-        self.traffic: list[Traffic] = [run.traffic or generate(run.config.workload) for run in runs]
+        self.traffic: list[Traffic] = [run.traffic or traffic_of.of(run.config) for run in runs]
         self.evaluations = 0
 
     def results(self, values: dict[str, float]) -> list:

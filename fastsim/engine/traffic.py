@@ -77,14 +77,21 @@ def generate(w: Workload, caching: bool = False, kv_tokens: int | None = None) -
     if w.sessions is not None:
         return _sessions(w, kv_tokens)
     if w.system_prompts is not None or (caching and w.prefix_tokens):
-        t = generate(w.model_copy(update={"system_prompts": None, "prefix_tokens": 0}))
-        return Traffic(t.arrival_s, t.prompt_tokens, t.output_tokens, shares.with_system_prompts(w, len(t)))
+        return shared(w, caching, generate(w.model_copy(update={"system_prompts": None, "prefix_tokens": 0})))
     if w.rng == "stdlib":  # the lesson's stream: fixed prompts, lognormal or fixed outputs
         arrival, normal = _stdlib_draws(w)
         output = _from_normal(w.output, normal) if w.output.dist == "lognormal" else _fixed(w.output, w.n_requests)
         return Traffic(arrival, _fixed(w.prompt, w.n_requests), output)
     return Traffic(_numpy_arrivals(w, 0), _numpy_lengths(w.prompt, w.n_requests, w.seed, 2),
                    _numpy_lengths(w.output, w.n_requests, w.seed, 1))
+
+
+def shared(w: Workload, caching: bool, t: Traffic) -> Traffic:
+    """Requests ``t`` (drawn, or lengths a user measured) with the system prompts they begin
+    with when the workload has some (a shared prefix is one under prefix ``caching``)."""
+    if w.system_prompts is None and not (caching and w.prefix_tokens):
+        return t
+    return Traffic(t.arrival_s, t.prompt_tokens, t.output_tokens, shares.with_system_prompts(w, len(t)))
 
 
 def _sessions(w: Workload, kv_tokens: int | None) -> Traffic:

@@ -246,3 +246,23 @@ def test_an_overloaded_run_is_called_overloaded(tmp_path):
     assert run.exit_code == 0 and "notice: overloaded: the engine falls behind the arrivals" in run.stderr
     calm = invoke("run", BASE, "--set", "model.preset=llama-2-7b", "--set", "workload.rate=8")
     assert "overloaded" not in calm.stderr
+
+
+def test_a_cached_system_prompt_is_calibrated_as_fastsim_run_simulates_it(tmp_path):
+    """With prefix caching on, a shared prefix is a system prompt cached by content: calibrate
+    simulates each measured run (a CSV row, or a vllm bench file's lengths) as `fastsim run`
+    does, system prompt included (it once drew the prompts without it)."""
+    from fastsim.analysis.calibrate import _Runs
+    from fastsim.analysis.measured import read_csv, read_vllm_json
+
+    base = load_config(BASE, {"engine.prefix_caching": True, "workload.n_requests": 300})
+    measured = tmp_path / "runs.csv"
+    measured.write_text("model.preset,engine.tp,workload.rate,ttft_mean_s,e2e_mean_s\nllama-2-7b,1,8,0.03,2.1\n")
+    path = tmp_path / "bench.json"
+    vllm_result(path, 4, lengths(2, 300))
+    runs = read_csv(measured, base) + [read_vllm_json(path, base.with_values({"model.preset": "llama-2-7b"}))]
+    values = {"calibration.api_overhead_ms": 8.0}
+    for run, got in zip(runs, _Runs(runs).results(values)):
+        want = simulate(run.config.at(values), run.traffic)
+        assert run.traffic is None or run.traffic.content is not None
+        assert got.metrics == pytest.approx(want.metrics, nan_ok=True) and got.metrics["prefix_hit_rate"] > 0
