@@ -172,13 +172,13 @@ def kv_blocks(config: Config) -> int | None:
         kv_gpu = kv_bytes_per_gpu(config)
         tokens = (e.kv_cache_gb * 1e9 / (e.tp * kv_gpu) if e.kv_cache_gb is not None else
                   (hw.mem_gb * e.gpu_memory_utilization - e.reserved_gb - m.weight_gb / e.tp) * 1e9 / kv_gpu)
-        blocks = math.floor(tokens) / e.block_tokens if tokens <= LARGEST else tokens
+        blocks = math.floor(tokens) / e.block_tokens if abs(tokens) <= LARGEST else tokens
     if blocks > LARGEST:  # also infinity: a count no machine holds, whose whole part a kernel cannot take
         raise ConfigError(f"the KV cache of {capacity:.3g} GB holds {blocks:.3g} blocks of engine.block_tokens "
                           f"{config.engine.block_tokens} x model.kv_bytes_per_token {config.model.kv_bytes_per_token:g} "
                           f"bytes, beyond what fastsim counts (2^53); for an unlimited cache set engine.kv_cache_gb "
                           f"and hardware.mem_gb to null")
-    return max(0, math.floor(blocks))
+    return math.floor(blocks) if blocks > 0 else 0  # (none when the weights leave no room: checked elsewhere)
 
 
 def prefix_blocks(config: Config) -> int:
