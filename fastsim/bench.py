@@ -77,6 +77,7 @@ SERVING = {
     "model.preset": "llama-3.1-8b",
     "engine.max_batch": 256,
     "engine.max_batched_tokens": 8192,
+    "engine.prefix_caching": True,
     "calibration.compute_efficiency": 0.958843,
     "calibration.bandwidth_efficiency": 0.774119,
     "calibration.step_overhead_ms": 0.245683,
@@ -97,7 +98,7 @@ MOE = ("moe (qwen3-30b-a3b)", {"model.preset": "qwen3-30b-a3b"}, 24.0)
 # tokens, sessions of 2-10 turns (each re-sending the conversation and a new 1,000-token message),
 # 10 s of thinking; 1 session a second (~5.7 requests/s, TTFT p99 ~0.16 s).
 SESSIONS = ("sessions, prefix cache (h100)", {
-    "engine.prefix_caching": True, "workload.system_prompts": {"count": 8, "tokens": 500},
+    "workload.system_prompts": {"count": 8, "tokens": 500},
     "workload.sessions": {"turns": {"dist": "uniform", "min": 2, "max": 10}}}, 1.0)
 FLEET_RATE = 96.0
 FLEETS = (

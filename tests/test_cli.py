@@ -86,7 +86,7 @@ def test_run_prints_a_trace_fleet(root):
                                       "--set", "workload.n_requests=400"])
     assert result.exit_code == 0, result.output
     assert result.stdout.startswith("llama-3.1-8b on h100-sxm, tp 1: continuous batching, max_batch 256, limit 256, "
-                                    "budget 8,192 tokens, KV 411,520 tokens; 2 replicas (round_robin): "
+                                    "budget 8,192 tokens, KV 411,520 tokens, prefix cache; 2 replicas (round_robin): "
                                     "400 requests of AzureLLMInferenceTrace_conv.csv, as recorded")
 
 

@@ -24,7 +24,7 @@ from ..model.schema import Config
 from .metrics import METRICS, SORT_BELOW, slo_bounds, small_run
 from .simulation import scratch, simulate
 
-HIT_RATE, PREEMPTIONS = list(METRICS).index("prefix_hit_rate"), list(METRICS).index("preemptions")
+HIT_RATE = list(METRICS).index("prefix_hit_rate")
 MAX_REQUESTS = SORT_BELOW  # a point with more runs alone (its metrics select rather than sort)
 GROUP_REQUESTS = 1 << 18  # requests run in one call at most (their traffic and times are held)
 
@@ -120,15 +120,14 @@ class _Group:
         out = np.full((len(sizes), len(METRICS)), np.nan)  # prefix_hit_rate: NaN without a prefix cache
         finished = LOOPS[kernel](p.numbers, p.api_s, requests, room, objectives, out)
         for (r, config, t), row, ok in zip(self.members, out, finished.tolist()):
-            if config.engine.prefix_caching:  # nothing shared: no hit, unless a preempted request was admitted again
+            if config.engine.prefix_caching:  # nothing shared: no first admission hits
                 row[HIT_RATE] = 0.0
-                ok = ok and row[PREEMPTIONS] == 0
             rows[r] = row if ok else list(simulate(config, t, checked=True).metrics.values())
 
 
 def _one_engine(config: Config, traffic: Traffic) -> bool:
     """One engine on the one-engine kernels: also with a prefix cache over requests that share
-    nothing, until a preemption (:func:`fastsim.engine.fleet.run`; :meth:`_Group.run` checks)."""
+    nothing (:func:`fastsim.engine.fleet.run`)."""
     kind = pools.kind(config)
     return kind == "one" or (kind == "cached" and config.fleet.replicas == 1 and traffic.content is None)
 

@@ -76,7 +76,7 @@ def _pool(p: Plan, name: str, replicas: int, arrival: np.ndarray, prompt: np.nda
     scratch = Scratch() if scratch is None else scratch
     counters, runs, gaps = with_room(n, scratch, False, lambda runs, gaps: continuous(
         arrival, prompt, output, replicas, how.code, draws.astype(np.int64), p.limit, p.k, p.budget,
-        blocks, p.block_tokens, p.reserve, p.prefix_blocks, p.max_output, token_1, first, done, replica, runs, gaps,
+        blocks, p.block_tokens, p.kv_mode, p.prefix_blocks, p.max_output, token_1, first, done, replica, runs, gaps,
         scratch.work(WORK_ROWS, n)))
     return outcome(p, first, done, counters, runs, gaps, replica.astype(np.int32))
 
@@ -94,8 +94,9 @@ def run(config: Config, traffic: Traffic, scratch: Scratch | None = None) -> Out
     if kind == "one":  # the single engine, to the bit
         out = run_engine(plan, arrival, prompt, output, scratch)
     elif kind == "cached":
-        out = _unshared(plan, f.router, f.replicas, traffic, draws, scratch) if traffic.content is None else None
-        if out is None:
+        if traffic.content is None:
+            out = _unshared(plan, f.router, f.replicas, traffic, draws, scratch)
+        else:
             out = _cached(config, plan, f.replicas, traffic, output, draws, scratch)
             out = dataclasses.replace(out, replica=None) if f.replicas == 1 else out  # one engine's, as always
     elif kind != "disaggregated":  # replicas apart or a coupled pool: the router decides
@@ -107,20 +108,24 @@ def run(config: Config, traffic: Traffic, scratch: Scratch | None = None) -> Out
 
 
 def _unshared(p: Plan, router: str, replicas: int, traffic: Traffic, draws: np.ndarray, scratch: Scratch | None
-              ) -> Outcome | None:
+              ) -> Outcome:
     """A prefix cache over requests that share nothing hits only a request's own blocks, when it
-    is admitted again after a preemption. Without a preemption the engines run exactly as
-    without the cache (prefix-aware routing is then least_kv: every replica would miss the whole
-    prompt), so the fast kernels answer; None when some request was preempted."""
+    is admitted again after a preemption: the fast kernels model that (the plan's REHIT), and
+    otherwise run as without the cache (prefix-aware routing is then least_kv: every replica
+    would miss the whole prompt)."""
     arrival, prompt, output = traffic.arrival_s, traffic.prompt_tokens, traffic.output_tokens
     if replicas == 1:
         out = run_engine(p, arrival, prompt, output, scratch)
     else:
         out = _pool(p, "least_kv" if router == "prefix_aware" else router, replicas, arrival, prompt, output, draws,
                     scratch)
-    if out.preemptions:
-        return None
-    return dataclasses.replace(out, cached_tokens=np.zeros(len(traffic), np.int64), prefix_hit_rate=0.0)
+    return _no_hits(out)
+
+
+def _no_hits(out: Outcome) -> Outcome:
+    """``out`` with the prefix cache's figures of requests that share nothing: no first admission
+    hits."""
+    return dataclasses.replace(out, cached_tokens=np.zeros(len(out.done_s), np.int64), prefix_hit_rate=0.0)
 
 
 def _cached(config: Config, p: Plan, replicas: int, traffic: Traffic, output: np.ndarray, draws: np.ndarray,
@@ -159,10 +164,12 @@ def _disaggregated(config: Config, plan: Plan, traffic: Traffic, draws: np.ndarr
     prefill = Plan.of(pools.prefill_config(config), 1)
     pre_draws = routes(config.workload, n, f.prefill_replicas, 1) if ROUTERS[f.router].draws else draws
     ones = np.ones(n, np.int64)
-    if config.engine.prefix_caching:  # the prompts are cached where they are computed
+    if traffic.content is None:  # nothing shared: the fast kernels, as in _unshared
+        router = "least_kv" if f.router == "prefix_aware" else f.router
+        pre = _pool(prefill, router, f.prefill_replicas, arrival, prompt, ones, pre_draws, scratch)
+        pre = _no_hits(pre) if config.engine.prefix_caching else pre
+    else:  # the prompts are cached where they are computed
         pre = _cached(config, prefill, f.prefill_replicas, traffic, ones, pre_draws, scratch)
-    else:
-        pre = _pool(prefill, f.router, f.prefill_replicas, arrival, prompt, ones, pre_draws, scratch)
     ended = pre.done_s  # the end of each prompt's step: its first token (engine time)
     sent = output > 1
     reached = link.kv_arrivals(config, ended, prompt, sent, pre.replica)

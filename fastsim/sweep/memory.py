@@ -107,6 +107,9 @@ def check(config: Config, concurrent_runs: int = 1, points: int = 0, limit: int 
     n = requests(config)
     if runs >= table and 2 * replica_bytes(config) > each:
         f = config.fleet
+        if f.replicas == 1 and not f.prefill_replicas:  # one engine's prefix cache
+            raise ConfigError(f"engine.prefix_caching: the prefix cache of {kv_blocks(config):,} blocks needs "
+                              f"~{_size(runs + table)}, {have}")
         prefill = f" and {f.prefill_replicas:,} prefill replicas" if f.prefill_replicas else ""
         pools = f"{f.replicas:,} replicas{prefill}"
         raise ConfigError(f"fleet.replicas: {pools} need ~{_size(runs + table)}, {have}")

@@ -35,22 +35,23 @@ def _shown(*names: str) -> list[tuple[str, str, float, str]]:
 
 COLUMNS = _shown("throughput_tok_s", "slot_use", "ttft_p50_s", "ttft_p99_s", "e2e_p50_s", "e2e_p99_s", "tpot_p99_s",
                  "itl_p99_s")
-# Shown only when some point has them: preemptions, KV cache use with a limited cache, a prefix
-# cache's hit rate.
+# Shown only when some point has them: preemptions, KV cache use with a limited cache, prefix
+# cache hits.
 OPTIONAL_COLUMNS = _shown("preemptions", "kv_peak_use", "prefix_hit_rate", "slo_attainment", "gpus", "usd_per_mtok")
 
 
 def columns(table: np.ndarray) -> list[tuple]:
     """The summary's metric columns for a metrics table (the last axis indexes METRICS): the
-    optional ones where some point has them (preemptions, a limited KV cache, a prefix cache, an
-    SLO, a price), GPUs where they vary."""
+    optional ones where some point has them (preemptions, a limited KV cache, prefix cache hits,
+    an SLO, a price), GPUs where they vary."""
     def column(name: str) -> np.ndarray:
         return table[..., METRIC_INDEX[name]]
 
     gpus = column("gpus")
     shown = {"preemptions": bool((column("preemptions") > 0).any()),
+             "prefix_hit_rate": bool((column("prefix_hit_rate") > 0).any()),  # (NaN > 0 is False)
              "gpus": bool(np.nanmax(gpus) > np.nanmin(gpus)) if np.isfinite(gpus).any() else False}
-    for name in ("kv_peak_use", "prefix_hit_rate", "slo_attainment", "usd_per_mtok"):
+    for name in ("kv_peak_use", "slo_attainment", "usd_per_mtok"):
         shown[name] = bool(np.isfinite(column(name)).any())
     return COLUMNS + [c for c in OPTIONAL_COLUMNS if shown[c[0]]]
 

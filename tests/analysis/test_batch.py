@@ -77,3 +77,19 @@ def test_points_the_loop_cannot_finish_are_simulated_alone(root, monkeypatch):
     jitter = [p.at({"calibration.stall_rate_hz": 1.0}) for p in points]
     assert_same(batch.metric_rows(jitter), simulated(jitter))
     assert alone == jitter  # stalls are drawn after the kernel: not in the one-call loop
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 16), st.integers(8, 120), st.integers(1, 30), st.integers(1, 6), st.floats(20.0, 3000.0),
+       st.lists(st.integers(0, 2**32), min_size=1, max_size=4))
+def test_points_with_a_prefix_cache_in_one_call_give_simulate_metrics(bt, prompt, output, limit, rate, seeds):
+    """Prefix caching over requests that share nothing, in caches small enough to preempt: a
+    preempted request hits its own blocks again, in the compiled loop as in fastsim.simulate."""
+    config = Config().with_values({
+        "hardware.preset": "h100-sxm", "model.preset": "llama-3.1-8b", "engine.prefix_caching": True,
+        "engine.block_tokens": bt, "engine.max_batch": limit, "engine.max_batched_tokens": 256,
+        "engine.kv_cache_gb": (prompt + output + 2 * bt) * (1.5 + limit / 4) * 131072 / 1e9, "workload.n_requests": 60,
+        "workload.rate": rate, "workload.prompt.value": prompt, "workload.output.dist": "uniform",
+        "workload.output.min": 1, "workload.output.max": output, "workload.rng": "numpy"})
+    points = [config.at({"workload.seed": s}) for s in seeds]
+    assert_same(batch.metric_rows(points), simulated(points))

@@ -22,12 +22,14 @@ def one_line(result):
 def test_a_billion_requests_is_refused_with_the_key_and_the_estimate(root, monkeypatch):
     monkeypatch.setattr(memory, "available_bytes", lambda: 21_000_000_000)
     result = CliRunner().invoke(app, ["run", str(root / "configs/h100.yaml"), "--set", "workload.n_requests=1e9"])
-    assert one_line(result) == "error: workload.n_requests: 1,000,000,000 requests need ~256 GB, 21 GB available"
+    assert one_line(result) == "error: workload.n_requests: 1,000,000,000 requests need ~512 GB, 21 GB available"
 
 
 def test_max_memory_option(root):
     cfg = str(root / "configs/h100.yaml")
     small = one_line(CliRunner().invoke(app, ["run", cfg, "--max-memory", "1MB"]))
+    assert small.startswith("error: engine.prefix_caching: the prefix cache of 25,720 blocks needs ~") and "allowed" in small
+    small = one_line(CliRunner().invoke(app, ["run", cfg, "--max-memory", "1MB", "--set", "engine.prefix_caching=false"]))
     assert small.startswith("error: workload.n_requests: 20,000 requests need ~") and "allowed" in small
     assert CliRunner().invoke(app, ["run", cfg, "--max-memory", "1GiB", "--json"]).exit_code == 0
     assert "--max-memory" in one_line(CliRunner().invoke(app, ["run", cfg, "--max-memory", "lots"]))
@@ -36,7 +38,8 @@ def test_max_memory_option(root):
 def test_sweep_refusal_counts_workers_and_the_table(root, tmp_path):
     cfg = str(root / "configs/h100.yaml")
     out = tmp_path / "x.nc"
-    line = one_line(CliRunner().invoke(app, ["sweep", cfg, "--workers", "2", "--max-memory", "4MB", "--out", str(out)]))
+    line = one_line(CliRunner().invoke(app, ["sweep", cfg, "--workers", "2", "--max-memory", "4MB", "--out", str(out),
+                                             "--set", "engine.prefix_caching=false"]))
     assert "20,000 requests a point on 2 workers need ~" in line
     big_grid = ["--set", "workload.n_requests=1", "--set", f"sweep.workload.seed=[{','.join(map(str, range(30000)))}]"]
     line = one_line(CliRunner().invoke(app, ["sweep", cfg, *big_grid, "--max-memory", "8MB", "--out", str(out)]))
@@ -125,5 +128,5 @@ def test_capacity_checks_the_largest_point_of_its_grid(root, tmp_path):
     line = one_line(CliRunner().invoke(app, ["capacity", str(root / "configs/h100.yaml"), "--quiet", "--workers", "1",
                                              "--set", "sweep.workload.n_requests=[1000, 1e9]", "--max-memory", "1GB",
                                              "--out", str(tmp_path / "c.nc")]))
-    assert line.startswith("error: workload.n_requests: 1,000,000,000 requests need ~256 GB")
+    assert line.startswith("error: workload.n_requests: 1,000,000,000 requests need ~512 GB")
     assert not list(tmp_path.iterdir())

@@ -34,6 +34,7 @@ def small(tmp_path, root):
     return h100_study(
         tmp_path / "small.yaml",
         root,
+        "engine:\n  prefix_caching: false\n"  # (static and dynamic batching have no prefix cache)
         "workload:\n  n_requests: 2000\n"
         "sweep:\n  engine.policy: [static, dynamic, continuous]\n  engine.max_batch: [16, 64]\n"
         "  workload.rate: [8, 40]\n  engine.max_concurrent: [null, 8]\n",
@@ -127,6 +128,7 @@ def slow(tmp_path, root):
     return h100_study(
         tmp_path / "slow.yaml",
         root,
+        "engine:\n  prefix_caching: false\n"
         "workload:\n  n_requests: 200000\n"
         "sweep:\n  engine.policy: [static, continuous]\n  workload.rate: [4, 8, 16, 32, 64]\n"
         "  engine.max_batch: [32, 64, 128, 256]\n",
@@ -236,7 +238,7 @@ def test_bad_axis_value_is_named_before_anything_runs(small, tmp_path):
 
 
 def test_seed_axis_summary_has_confidence_intervals(tmp_path, root):
-    path = h100_study(tmp_path / "seeds.yaml", root, "workload:\n  n_requests: 1000\n"
+    path = h100_study(tmp_path / "seeds.yaml", root, "engine:\n  prefix_caching: false\nworkload:\n  n_requests: 1000\n"
                       "sweep:\n  engine.policy: [static, continuous]\n  workload.seed: [1, 2, 3, 4]\n")
     out = tmp_path / "s.nc"
     result = sweep_cli(path, "--workers", "1", "--out", out)
@@ -252,6 +254,7 @@ def test_seed_axis_summary_has_confidence_intervals(tmp_path, root):
 
 def test_large_grid_gets_a_compact_summary(root, tmp_path):
     result = sweep_cli(root / "configs/h100.yaml", "--set", "workload.n_requests=300", "--workers", "2",
+                       "--set", "engine.prefix_caching=false",
                        "--set", "sweep.engine.policy=[static, dynamic, continuous]", "--set", "sweep.workload.rate=[8, 40]",
                        "--out", tmp_path / "h.nc")
     assert result.exit_code == 0, result.output

@@ -18,6 +18,7 @@ from ..._jit import inline
 from ...model import cost
 from ...model.schema import Config
 from ._calendar import COMPACT_RUN, FULL_COLUMNS, RING_MAX
+from .continuous import PAGED, REHIT, RESERVE
 from .one_engine import LAYOUT, kernel_of
 
 __all__ = ["RING_MAX", "RUNS_PER_REQUEST", "Outcome", "Plan", "Scratch", "kv_totals", "longest_output", "outcome",
@@ -53,7 +54,7 @@ class Plan:
     budget: int
     blocks: int  # -1: unlimited
     block_tokens: int
-    reserve: bool
+    kv_mode: int  # PAGED, RESERVE or REHIT (:mod:`.continuous`)
     prefix_blocks: int
     max_output: int
     api_s: float
@@ -61,7 +62,7 @@ class Plan:
     @property
     def numbers(self) -> tuple:
         """What every one-engine kernel takes of the plan (:mod:`.one_engine`)."""
-        return (self.limit, self.window_s, self.k, self.budget, self.blocks, self.block_tokens, self.reserve,
+        return (self.limit, self.window_s, self.k, self.budget, self.blocks, self.block_tokens, self.kv_mode,
                 self.prefix_blocks, self.max_output)
 
     @classmethod
@@ -98,7 +99,7 @@ class Plan:
             budget=UNLIMITED_BUDGET if e.max_batched_tokens is None else e.max_batched_tokens,
             blocks=-1 if blocks is None else blocks,
             block_tokens=e.block_tokens,
-            reserve=e.kv_alloc == "reserve",
+            kv_mode=RESERVE if e.kv_alloc == "reserve" else REHIT if e.prefix_caching and prefix else PAGED,
             prefix_blocks=cost.prefix_blocks(config) if prefix else 0,
             max_output=max_output,
             api_s=config.calibration.api_overhead_ms / 1000,

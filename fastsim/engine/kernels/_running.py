@@ -90,3 +90,18 @@ def join_queue(st, link, rep, q, first, last, waiting):
         st[rep, first] = q
     st[rep, last] = q
     st[rep, waiting] += 1
+
+
+@inline
+def own_hit(kept, start, popped, bt):
+    """Tokens a preempted request finds cached at its re-admission, under a prefix cache over
+    requests that share nothing (docs/model/prefix-cache.md). Preempted with ``kept`` tokens
+    computed, it released cdiv(kept, bt) blocks to the free queue's tail, last to first, the
+    full ones (kept // bt) holding its first tokens; ``start``: the allocations from the queue's
+    head, counted from the run's start, after which the head reached them (those made then, plus
+    the free blocks ahead of them); ``popped``: the allocations made by now. The head evicts its
+    blocks deepest first, so what is left is its first blocks. (Only a request preempted later
+    is re-admitted before it: no hit takes blocks from ahead of its own, so the count holds.)"""
+    m = cdiv(kept, bt)
+    evicted = min(max(popped - start, 0), m)
+    return min(kept // bt, m - evicted) * bt

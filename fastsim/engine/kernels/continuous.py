@@ -45,7 +45,7 @@ from ...model.cost import step_time, step_time_with, weights_time
 from ..router import choose
 from ._bare import blocks_last, blocks_taken, mark, next_filled, occupancy, timed
 from ._calendar import RING_MAX, extend_run, totals
-from ._running import cal_file, cal_remove, cdiv, fresh, join_queue, unlink
+from ._running import cal_file, cal_remove, cdiv, fresh, join_queue, own_hit, unlink
 
 WORK_ROWS = 13  # the kernel's per-request state: rows of ``work``
 STEPPED = 16  # bare steps taken one by one before the rest of a run goes in closed form
@@ -53,11 +53,12 @@ SHORTEST = 12  # ... if that many are left at least
 
 # Per-replica scalars, columns of ``st``.
 (RHEAD, RTAIL, RUNNING, CURSOR, N_DEC, SUM_C, PARTIAL, PTOP, NPRE, QFIRST, QLAST, NWAIT, STEPS, BUSY, MAX_QUEUE,
- PREEMPTIONS, KV_SUM, KV_PEAK, FREE, RUN_KV, RUN_PAIRS, RUN_NW, RUN_M, RUN_S, N_STATE) = range(25)
+ PREEMPTIONS, KV_SUM, KV_PEAK, FREE, RUN_KV, RUN_PAIRS, RUN_NW, RUN_M, RUN_S, NET, N_STATE) = range(26)
+PAGED, RESERVE, REHIT = range(3)  # KV allocation: paged; reserved at admission; paged under a prefix cache
 
 
 @jit
-def continuous(arrival, prompt, output, replicas, code, routes, limit, k, budget, blocks, bt, reserve, pb, o_max,
+def continuous(arrival, prompt, output, replicas, code, routes, limit, k, budget, blocks, bt, kv_mode, pb, o_max,
                token_1, first_token, done, replica, runs, gaps, work):
     """Continuous batching on one engine, or on ``replicas`` replicas behind router ``code``.
 
@@ -74,7 +75,9 @@ def continuous(arrival, prompt, output, replicas, code, routes, limit, k, budget
     blocks : int    KV cache blocks of a replica, or -1 for unlimited (a router that counts
         blocks is given so many that they never bind)
     bt : int    tokens per block
-    reserve : bool    reserve ceil((prompt + o_max) / bt) blocks at admission (else paged)
+    kv_mode : int    PAGED; RESERVE: ceil((prompt + o_max) / bt) blocks at admission; REHIT:
+        paged under a prefix cache over requests that share nothing (no pinned prefix), where a
+        preempted request finds again those of its blocks not yet evicted (:func:`._running.own_hit`)
     pb : int    blocks pinned by the shared prefix (every admission starts with pb * bt tokens)
     o_max : int    the longest output the workload can produce
     token_1 : float64 (n,) or (0,)    a decode replica's requests: each arrives with its
@@ -100,6 +103,8 @@ def continuous(arrival, prompt, output, replicas, code, routes, limit, k, budget
     routed = code >= 0
     timed_end = 0 if routed else n  # one engine: requests [0, head) have arrived
     cached = pb * bt
+    reserve = kv_mode == RESERVE
+    rehit = kv_mode == REHIT
     limited = blocks >= 0
     paged = limited and not reserve
     g = work[0]  # tokens emitted (decoders: as of step dbase)
@@ -152,7 +157,7 @@ def continuous(arrival, prompt, output, replicas, code, routes, limit, k, budget
             partial, ptop, npre = st[rep, PARTIAL], st[rep, PTOP], st[rep, NPRE]
             qfirst, qlast, nwait = st[rep, QFIRST], st[rep, QLAST], st[rep, NWAIT]
             steps, busy, max_queue, preemptions = st[rep, STEPS], st[rep, BUSY], st[rep, MAX_QUEUE], st[rep, PREEMPTIONS]
-            kv_sum, kv_peak, free = st[rep, KV_SUM], st[rep, KV_PEAK], st[rep, FREE]
+            kv_sum, kv_peak, free, net = st[rep, KV_SUM], st[rep, KV_PEAK], st[rep, FREE], st[rep, NET]
             run_kv, run_pairs, run_nw, run_m = st[rep, RUN_KV], st[rep, RUN_PAIRS], st[rep, RUN_NW], st[rep, RUN_M]
             run_s = st[rep, RUN_S]
             finished = 0
@@ -185,17 +190,21 @@ def continuous(arrival, prompt, output, replicas, code, routes, limit, k, budget
                             rhead, rtail = unlink(rprev, rnext, rhead, rtail, v)
                             running -= 1
                             if v == partial:
-                                free += held[v]
+                                freed, kept = held[v], c[v]
                                 partial = -1
                             else:
                                 g[v] += steps - dbase[v]
-                                cv = prompt[v] + g[v] - 1
-                                free += cdiv(cv, bt) - pb
+                                kept = prompt[v] + g[v] - 1
+                                freed = cdiv(kept, bt) - pb
                                 n_dec -= 1
-                                sum_c -= cv
+                                sum_c -= kept
                                 bcount[rep, phase[v]] -= 1
                                 cal_remove(bucket, cnext, cprev, v)
                                 last_t[v] = now  # a decoder emitted at the step just run
+                            free += freed
+                            if rehit:  # where its blocks join the free queue, and what they hold
+                                dbase[v], phase[v] = blocks + net, kept
+                                net += freed
                             held[v] = 0
                             c[v] = 0
                             pnext[v] = ptop
@@ -231,6 +240,8 @@ def continuous(arrival, prompt, output, replicas, code, routes, limit, k, budget
                     while running < limit and left > 0 and nwait > 0:
                         i = ptop if npre > 0 else qfirst
                         ci = max(c[i], cached)  # a warm prefix, or a prompt whose KV arrived whole
+                        if rehit and npre > 0:
+                            ci = own_hit(phase[i], dbase[i], blocks + net - free, bt)
                         todo = prompt[i] + g[i] - ci
                         take = min(todo, left)
                         if limited:
@@ -242,6 +253,8 @@ def continuous(arrival, prompt, output, replicas, code, routes, limit, k, budget
                         if npre > 0:
                             ptop = pnext[i]
                             npre -= 1
+                            if rehit:  # its hits leave the free queue
+                                net -= ci // bt
                         else:
                             qfirst = qnext[i]
                             if qfirst < 0:
@@ -311,6 +324,8 @@ def continuous(arrival, prompt, output, replicas, code, routes, limit, k, budget
                         rhead, rtail = unlink(rprev, rnext, rhead, rtail, i)
                         running -= 1
                         free += held[i]
+                        if rehit:
+                            net += held[i]
                         held[i] = 0
                     else:  # a decoder from now on
                         dbase[i] = steps
@@ -334,6 +349,8 @@ def continuous(arrival, prompt, output, replicas, code, routes, limit, k, budget
                         bcount[rep, phase[i]] -= 1
                         if paged:
                             free += cdiv(ci, bt) - pb
+                            if rehit:
+                                net += cdiv(ci, bt)
                         elif limited:
                             free += held[i]
                             held[i] = 0
@@ -346,8 +363,8 @@ def continuous(arrival, prompt, output, replicas, code, routes, limit, k, budget
                     continue
                 if nwait > 0 and running < limit:
                     i = ptop if npre > 0 else qfirst
-                    if not limited or budget - n_dec <= 0:
-                        continue
+                    if not limited or budget - n_dec <= 0 or (rehit and npre > 0):
+                        continue  # (a preempted head's hit shrinks as blocks are taken: step by step)
                     ci = max(c[i], cached)
                     take = min(prompt[i] + g[i] - ci, budget - n_dec)
                     need = cdiv(prompt[i] + o_max, bt) - pb if reserve else cdiv(ci + take, bt) - pb
@@ -418,7 +435,7 @@ def continuous(arrival, prompt, output, replicas, code, routes, limit, k, budget
             st[rep, PARTIAL], st[rep, PTOP], st[rep, NPRE] = partial, ptop, npre
             st[rep, QFIRST], st[rep, QLAST], st[rep, NWAIT] = qfirst, qlast, nwait
             st[rep, STEPS], st[rep, BUSY], st[rep, MAX_QUEUE], st[rep, PREEMPTIONS] = steps, busy, max_queue, preemptions
-            st[rep, KV_SUM], st[rep, KV_PEAK], st[rep, FREE] = kv_sum, kv_peak, free
+            st[rep, KV_SUM], st[rep, KV_PEAK], st[rep, FREE], st[rep, NET] = kv_sum, kv_peak, free, net
             st[rep, RUN_KV], st[rep, RUN_PAIRS], st[rep, RUN_NW], st[rep, RUN_M] = run_kv, run_pairs, run_nw, run_m
             st[rep, RUN_S] = run_s
             outstanding[rep] -= finished
