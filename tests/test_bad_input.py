@@ -263,7 +263,10 @@ for key, value, names in VALUES:
 for text, names in [("nokey", "nokey"), ("=5", "=5"), ("engine.nope=5", "engine.nope"), ("engine=5", "engine"),
                     ("engine.max_batch.x=5", "engine.max_batch"), ("workload.rate=[1,2", "workload.rate"),
                     ("sweep.workload.rate=5", "workload.rate"), ("sweep.engine.nope=[1]", "engine.nope"),
-                    ("sweep.workload.rate=[]", "workload.rate"), ("nope.key=1", "nope")]:
+                    ("sweep.workload.rate=[]", "workload.rate"), ("nope.key=1", "nope"),
+                    ("sweep.workload.sessions.turns.nope=[1]", "workload.sessions.turns has no 'nope'"),
+                    ("sweep.workload.system_prompts.count=[2]", "workload.system_prompts.tokens"),
+                    ("sweep.workload.sessions.think_s.mean=[-1]", "workload.sessions.think_s.mean")]:
     case(f"set-{text}", ["sweep", H100, "--set", text, "--out", "{out.nc}", "-q"], names)
 
 # --- hopeless work and scenarios that cannot run

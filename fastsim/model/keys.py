@@ -9,10 +9,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel
-from pydantic.fields import FieldInfo
-
-from .schema import LEAF_KEYS, POLICIES, ROUTERS, Config, ConfigError
+from .schema import LEAF_KEYS, POLICIES, ROUTERS, ConfigError, field_of
 
 # keys whose values a registry checks, not their type
 KINDS = {"engine.policy": " | ".join(POLICIES), "fleet.router": " | ".join(ROUTERS),
@@ -30,15 +27,6 @@ class Key:
     default: Any
     units: str
     meaning: str
-
-
-def field_of(key: str) -> FieldInfo:
-    """The pydantic field of a dotted key."""
-    model: type[BaseModel] = Config
-    *parts, leaf = key.split(".")
-    for part in parts:
-        model = model.model_fields[part].annotation
-    return model.model_fields[leaf]
 
 
 def units(key: str) -> str:

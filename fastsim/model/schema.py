@@ -9,17 +9,9 @@ problem is raised as :class:`ConfigError`, whose message names the offending key
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Callable, Literal
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    PlainValidator,
-    TypeAdapter,
-    ValidationError,
-    field_validator,
-)
+from pydantic import BaseModel, Field, PlainValidator, ValidationError, field_validator
 
 from .fields import ConfigError, Finite, Int, Section, _integral, doc  # ConfigError: imported from here by every layer
 from .lengths import Output, Prompt
@@ -202,18 +194,7 @@ class Config(Section):
     @field_validator("sweep")
     @classmethod
     def _valid_axes(cls, sweep: dict[str, list[Any]]) -> dict[str, list[Any]]:
-        names: dict[str, str] = {}
-        for key, values in sweep.items():
-            if key not in LEAF_KEYS:
-                raise ValueError(f"{key!r} is not a config key (valid: {', '.join(LEAF_KEYS)})")
-            if not values:
-                raise ValueError(f"axis {key!r} is empty")
-            if len({_hashable(v) for v in values}) != len(values):
-                raise ValueError(f"axis {key!r} repeats a value: {values}")
-            dim = dim_name(key)
-            if dim in names:
-                raise ValueError(f"axes {names[dim]!r} and {key!r} would both be named {dim!r}")
-            names[dim] = key
+        check_axes(sweep)
         return sweep
 
     def with_values(self, values: dict[str, Any]) -> Config:
@@ -251,18 +232,6 @@ class _Updates(dict):
     not one)."""
 
 
-def dim_name(key: str) -> str:
-    """The dataset dimension of a sweep axis: the key's last part, but the section's name for what
-    names a whole section (``hardware.preset`` is ``hardware``; ``model.preset`` and
-    ``model.config_json`` are ``model``), so GPUs and models sweep together."""
-    section, _, leaf = key.rpartition(".")
-    return section if leaf in ("preset", "config_json") and section in ("hardware", "model") else leaf
-
-
-def _hashable(v: Any) -> Any:
-    return repr(v) if isinstance(v, (list, dict)) else v
-
-
 def _leaf_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
     keys = []
     for name, field in model.model_fields.items():
@@ -278,79 +247,97 @@ LEAF_KEYS: tuple[str, ...] = tuple(_leaf_keys(Config))
 """Every dotted key a scenario has (what ``--set`` and ``sweep:`` accept)."""
 
 
+def _model_of(annotation: Any) -> type[BaseModel] | None:
+    """The section class a field holds (``Sessions | None`` holds ``Sessions``), or None."""
+    for t in (annotation, *get_args(annotation)):
+        if isinstance(t, type) and issubclass(t, BaseModel):
+            return t
+    return None
+
+
+def field_of(key: str) -> Any:
+    """The pydantic field of a dotted key (also one inside an optional section)."""
+    cls: Any = Config
+    *sections, leaf = key.split(".")
+    for part in sections:
+        cls = _model_of(cls.model_fields[part].annotation)
+    return cls.model_fields[leaf]
+
+
+def check_axes(sweep: dict[str, list[Any]]) -> None:
+    """Refuse (ValueError, for the ``sweep`` field's validator) an axis that is no key, is empty,
+    repeats a value, or shares its dimension name or its section with another."""
+    names: dict[str, str] = {}
+    for key, values in sweep.items():
+        if key not in LEAF_KEYS and inside_optional(key) is None:
+            raise ValueError(_not_a_key(key))
+        for other in sweep:
+            if key.startswith(other + "."):
+                raise ValueError(f"axes {other!r} and {key!r}: a section is swept whole or by its keys, not both")
+        if not values:
+            raise ValueError(f"axis {key!r} is empty")
+        if len({_hashable(v) for v in values}) != len(values):
+            raise ValueError(f"axis {key!r} repeats a value: {values}")
+        dim = dim_name(key)
+        if dim in names:
+            raise ValueError(f"axes {names[dim]!r} and {key!r} would both be named {dim!r}")
+        names[dim] = key
+
+
+def dim_name(key: str) -> str:
+    """The dataset dimension of a sweep axis: the key's last part, but the section's name for what
+    names a whole section (``hardware.preset`` is ``hardware``; ``model.preset`` and
+    ``model.config_json`` are ``model``), so GPUs and models sweep together; inside an optional
+    section, its path there joined by ``_`` (``workload.sessions.think_s.mean`` is ``think_s_mean``)."""
+    inside = inside_optional(key)
+    if inside is not None:
+        return key[len(inside) + 1 :].replace(".", "_")
+    section, _, leaf = key.rpartition(".")
+    return section if leaf in ("preset", "config_json") and section in ("hardware", "model") else leaf
+
+
+def _hashable(v: Any) -> Any:
+    return repr(v) if isinstance(v, (list, dict)) else v
+
+
+OPTIONAL_SECTIONS: dict[str, type[BaseModel]] = {
+    key: cls for key in LEAF_KEYS if (cls := _model_of(field_of(key).annotation)) is not None}
+"""Sections that are null by default (``workload.sessions``): whole values of their key, whose
+own keys a sweep may also set (``workload.sessions.think_s.mean``)."""
+
+
+def _not_a_key(key: str) -> str:
+    """Why ``key`` is no sweep axis: the section's keys that are, inside an optional section."""
+    for section, cls in OPTIONAL_SECTIONS.items():
+        if key.startswith(section + "."):
+            where = section
+            for part in key[len(section) + 1 :].split("."):
+                if cls is None or part not in cls.model_fields:
+                    valid = ", ".join(cls.model_fields) if cls is not None else "none: it is a value"
+                    return f"{key!r} is not a config key: {where} has no {part!r} (valid: {valid})"
+                where, cls = f"{where}.{part}", _model_of(cls.model_fields[part].annotation)
+    return (f"{key!r} is not a config key (valid: {', '.join(LEAF_KEYS)}, and the keys inside "
+            f"{' and '.join(OPTIONAL_SECTIONS)})")
+
+
+def inside_optional(key: str) -> str | None:
+    """The optional section ``key`` names a field inside (``workload.sessions`` for
+    ``workload.sessions.turns.max``), or None."""
+    for section, cls in OPTIONAL_SECTIONS.items():
+        if key.startswith(section + "."):
+            for part in key[len(section) + 1 :].split("."):
+                field = cls.model_fields.get(part) if cls is not None else None
+                if field is None:
+                    return None
+                cls = _model_of(field.annotation)
+            return section
+    return None
+
+
 def get_dotted(node: Any, key: str) -> Any:
     for part in key.split("."):
         node = getattr(node, part)
     return node
-
-
-def coupled_section(key: str) -> str | None:
-    """The outermost section above ``key`` that checks its fields together (has a model
-    validator: a preset, or min <= max), or None. Sweep axes in the same coupled section are
-    validated in combination, and a point takes that section whole from the validated
-    combination; any other axis is validated value by value, so a grid's set-up work grows
-    with its axes' lengths, not with their product."""
-    parts = key.split(".")
-    cls: type[BaseModel] = Config
-    for depth, part in enumerate(parts[:-1]):
-        cls = cls.model_fields[part].annotation
-        if cls.__pydantic_decorators__.model_validators:
-            return ".".join(parts[: depth + 1])
-    return None
-
-
-def section_validator(base: Config, section: str) -> Callable[[dict[str, Any]], BaseModel]:
-    """A function that validates ``base``'s section ``section`` with dotted keys (all under that
-    section) set to given values, alone, and returns it; errors name the full key. The base
-    section is read once, so validating many values costs one pydantic validation each."""
-    node = get_dotted(base, section) if section else base
-    raw, cls = node.model_dump(exclude_unset=True), type(node)
-    skip = len(section) + 1 if section else 0
-
-    def validate_with(values: dict[str, Any]) -> BaseModel:
-        top = dict(raw)
-        for key, value in values.items():
-            *path, leaf = key[skip:].split(".")
-            if section == "model" and not path and leaf in SAME_THING:
-                top.pop(SAME_THING[leaf], None)
-            d = top
-            for part in path:  # copy the nested sections on the way, never the base's
-                d[part] = dict(d[part])
-                d = d[part]
-            d[leaf] = value
-        try:
-            return cls.model_validate(top)
-        except ValidationError as exc:
-            raise _config_error(exc, section) from None
-
-    return validate_with
-
-
-def axis_validator(base: Config, key: str) -> Callable[[list], list] | None:
-    """A function that validates every value of a sweep axis ``key`` in one call and returns
-    them as :func:`section_validator` leaves them one at a time (``1e3`` becomes ``1000``), for
-    a field with no validator of its own in a section with none across fields (then the other
-    fields cannot change a value's fate); None for any other field. Its ConfigError does not
-    name the value: validate a refused axis value by value for that."""
-    section, leaf = key.rsplit(".", 1) if "." in key else ("", key)
-    cls = type(get_dotted(base, section) if section else base)
-    field = cls.model_fields.get(leaf)
-    decorators = cls.__pydantic_decorators__
-    own = any({leaf, "*"} & set(d.info.fields) for d in decorators.field_validators.values())
-    if field is None or own or decorators.model_validators or decorators.root_validators:
-        return None
-    if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
-        return None
-    one = Annotated[(field.annotation, *field.metadata)] if field.metadata else field.annotation
-    adapter = TypeAdapter(list[one], config=ConfigDict(strict=cls.model_config.get("strict", False)))
-
-    def validate_all(values: list) -> list:
-        try:
-            return adapter.validate_python(values)
-        except ValidationError as exc:
-            raise _config_error(exc, key) from None
-
-    return validate_all
 
 
 SAME_THING = {"preset": "config_json", "config_json": "preset"}

@@ -18,7 +18,8 @@ import numpy as np
 from pydantic import BaseModel
 
 from ..engine.checks import CHECKS
-from ..model.schema import Config, ConfigError, axis_validator, coupled_section, get_dotted, section_validator
+from ..model.axes import axis_validator, coupled_section, section_validator
+from ..model.schema import Config, ConfigError, get_dotted
 
 AT_ONCE = 256  # axes this long are validated in one call when their field allows it
 
@@ -29,7 +30,7 @@ class Grid:
     integer axis is ``1000``). Points are flat indices in C order of the axes (the last axis
     varies fastest); a point's config is built on demand, without validating it again.
 
-    Axes of a coupled section (:func:`~fastsim.model.schema.coupled_section`: a preset fills the rest
+    Axes of a coupled section (:func:`~fastsim.model.axes.coupled_section`: a preset fills the rest
     of the section, or fields are checked together) are not set key by key: a point takes the
     whole section validated for its combination of those axes' values (``sections``).
     """

@@ -325,3 +325,28 @@ def test_a_sweep_over_whole_system_prompt_sections_labels_them(root, tmp_path):
         assert ds.system_prompts.values.tolist() == ['{"count":2,"tokens":500}',
                                                      '{"count":8,"tokens":500,"popularity":"zipf"}']
         assert (ds.prefix_hit_rate > 0).all()
+
+
+def test_a_sweep_sets_keys_inside_the_sessions_and_system_prompts(root, tmp_path):
+    """Keys inside a section that is null by default are sweep axes like any other: a point is
+    `fastsim run` with them set, and a section is swept whole or by its keys, not both."""
+    import xarray as xr
+    from typer.testing import CliRunner
+
+    from fastsim.cli import app
+
+    out = tmp_path / "keys.nc"
+    study = root / "configs/chat-fleet.yaml"
+    result = CliRunner().invoke(app, [
+        "sweep", str(study), "--out", str(out), "--quiet", "--set", "workload.n_requests=1500",
+        "--set", 'sweep={"workload.sessions.think_s.mean": [5, 20], "workload.system_prompts.count": [2, 8]}'])
+    assert result.exit_code == 0, result.output
+    with xr.open_dataset(out) as ds:
+        assert dict(ds.sizes) == {"think_s_mean": 2, "count": 2}
+        got = ds.sel(think_s_mean=20, count=8)
+        want = simulate(load_config(study, {"workload.n_requests": 1500, "workload.sessions.think_s.mean": 20,
+                                            "workload.system_prompts.count": 8})).metrics
+        assert float(got.ttft_p99_s) == want["ttft_p99_s"] and float(got.prefix_hit_rate) == want["prefix_hit_rate"]
+    both = CliRunner().invoke(app, ["sweep", str(study), "--out", str(out), "--set",
+                                    'sweep={"workload.sessions": [null], "workload.sessions.turns.max": [3]}'])
+    assert both.exit_code == 2 and "a section is swept whole or by its keys, not both" in both.stderr

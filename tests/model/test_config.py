@@ -6,8 +6,8 @@ from typer.testing import CliRunner
 from fastsim import Config, ConfigError, load_config
 from fastsim.cli import app
 from fastsim.model.loading import parse_override
-from fastsim.model.schema import (LEAF_KEYS, axis_validator, coupled_section, get_dotted,
-                                  section_validator)
+from fastsim.model.axes import axis_validator, coupled_section, section_validator
+from fastsim.model.schema import LEAF_KEYS, get_dotted
 from fastsim.sweep.grid import build_grid
 
 
