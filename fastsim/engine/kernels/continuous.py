@@ -112,6 +112,8 @@ def continuous(arrival, prompt, output, replicas, code, routes, limit, k, budget
     held = work[2]  # blocks held beyond the prefix (reserve; paged non-decoders)
     dbase = work[3]  # decoders: the step count when they became decoders (set then)
     phase = work[4]  # decoders: they need a new block at steps == phase (mod bt) (set then)
+    # (a request preempted under REHIT keeps in these two where its blocks start in the free
+    # queue's order and the tokens they held: own_hit)
     last_t = work[5].view(np.float64)  # time of the last token (set when a later gap reads it)
     rprev = work[6]  # each replica's running list, in admission order
     rnext = work[7]
