@@ -117,10 +117,10 @@ def _prefix_cache(config: Config) -> None:
     if e.prefix_caching and e.policy != "continuous":
         raise ConfigError(f"engine.prefix_caching needs engine.policy continuous (got {e.policy}), as in vLLM: for "
                           f"{e.policy} batching set engine.prefix_caching=false")
+    off = "; or set engine.prefix_caching=false" if e.prefix_caching else ""
     if cached and e.kv_alloc != "paged":
-        raise ConfigError(f"{what} needs engine.kv_alloc paged (got {e.kv_alloc})")
+        raise ConfigError(f"{what} needs engine.kv_alloc paged (got {e.kv_alloc}){off}")
     if cached and kv_blocks(config) is None:
-        off = "; or set engine.prefix_caching=false" if e.prefix_caching else ""
         raise ConfigError(f"{what} needs a KV cache of known size: set hardware.mem_gb (a hardware.preset does) "
                           f"or engine.kv_cache_gb{off}")
     if w.sessions is not None:
