@@ -129,11 +129,13 @@ def _sustained(config: Config, table: np.ndarray) -> tuple[np.ndarray, str]:
 
 
 def next_steps(config_file: Path, result: Path, config: Config) -> str:
-    """The line after a sweep: what to ask next of the config and of its result."""
+    """The line after a sweep: what to ask next of the config and of its result (not the plan of
+    a grid that sweeps fleet.replicas, which the plan refuses: it chooses them)."""
     has_slo = any(v is not None for v in config.slo.model_dump().values())
     target = "" if has_slo else " --target 'ttft_p99_s<=0.5'"
-    return (f"next: fastsim capacity {config_file}{target} (the highest rate per setting), fastsim plan "
-            f"{config_file}{target} (the cheapest fleet), fastsim plot {result} (a figure)")
+    plan = "" if "fleet.replicas" in config.sweep else f"fastsim plan {config_file}{target} (the cheapest fleet), "
+    return (f"next: fastsim capacity {config_file}{target} (the highest rate per setting), {plan}"
+            f"fastsim plot {result} (a figure)")
 
 
 def summarize(grid: Grid, table: np.ndarray) -> tuple[str, list[str], list[list[str]], int]:

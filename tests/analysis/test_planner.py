@@ -248,6 +248,9 @@ def test_tables_fit_the_terminal_without_cutting_a_cell(root, tmp_path, monkeypa
     assert sum("max_batched_tokens" in line for line in lines) >= 2  # the labels repeat in each part
     assert result.stderr.strip().splitlines()[-1].startswith(
         f"next: fastsim capacity {root / 'configs/h100.yaml'} (the highest rate per setting), fastsim plan")
+    fleets = invoke("sweep", root / "configs/llama70b-fleet.yaml", "--quiet", "--set", "workload.n_requests=300",
+                    "--out", tmp_path / "f.nc")  # it sweeps fleet.replicas, which a plan refuses: not suggested
+    assert fleets.exit_code == 0 and "fastsim plan" not in fleets.stderr and "fastsim capacity" in fleets.stderr
 
 
 def test_the_sweep_summary_sustains_by_the_configs_slo(root, tmp_path):
