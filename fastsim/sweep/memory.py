@@ -73,12 +73,24 @@ def requests(config: Config) -> int:
 def run_bytes(config: Config) -> int:
     """Peak bytes of simulating ``config`` once (traffic, kernel, metrics; a trace is read once
     per process and its 32 bytes a request are counted among them)."""
-    return requests(config) * BYTES_PER_REQUEST[fleet.kind(config)] + BYTES_PER_RUN + replica_bytes(config)
+    return requests(config) * BYTES_PER_REQUEST[_kind(config)] + BYTES_PER_RUN + replica_bytes(config)
+
+
+def _kind(config: Config) -> str:
+    """How the run goes, as :func:`fastsim.model.fleet.kind` says, but a prefix cache over
+    requests that share nothing runs on the fast kernels (one engine, or a pool: fleet.run's
+    ``_unshared``). What a trace shares is known once it is read: it counts as shared."""
+    how, w = fleet.kind(config), config.workload
+    shares = (w.sessions is not None or w.system_prompts is not None
+              or (config.engine.prefix_caching and (bool(w.prefix_tokens) or w.trace is not None)))
+    if how == "cached" and not shares:
+        return "one" if config.fleet.replicas == 1 else "pool"
+    return how
 
 
 def replica_bytes(config: Config) -> int:
     """Bytes of a run's per-replica state (0 for one engine): a coupled pool's calendars."""
-    how, w = fleet.kind(config), config.workload
+    how, w = _kind(config), config.workload
     if how == "one":
         return 0
     ring = RING_MAX if w.trace is not None else min(w.max_output + 1, RING_MAX)

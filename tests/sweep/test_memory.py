@@ -22,15 +22,16 @@ def one_line(result):
 def test_a_billion_requests_is_refused_with_the_key_and_the_estimate(root, monkeypatch):
     monkeypatch.setattr(memory, "available_bytes", lambda: 21_000_000_000)
     result = CliRunner().invoke(app, ["run", str(root / "configs/h100.yaml"), "--set", "workload.n_requests=1e9"])
-    assert one_line(result) == "error: workload.n_requests: 1,000,000,000 requests need ~512 GB, 21 GB available"
+    assert one_line(result) == "error: workload.n_requests: 1,000,000,000 requests need ~256 GB, 21 GB available"
 
 
 def test_max_memory_option(root):
     cfg = str(root / "configs/h100.yaml")
     small = one_line(CliRunner().invoke(app, ["run", cfg, "--max-memory", "1MB"]))
-    assert small.startswith("error: engine.prefix_caching: the prefix cache of 25,720 blocks needs ~") and "allowed" in small
-    small = one_line(CliRunner().invoke(app, ["run", cfg, "--max-memory", "1MB", "--set", "engine.prefix_caching=false"]))
     assert small.startswith("error: workload.n_requests: 20,000 requests need ~") and "allowed" in small
+    shared = one_line(CliRunner().invoke(app, ["run", cfg, "--max-memory", "1MB", "--set",
+                                               "workload.system_prompts={count: 2, tokens: 100}"]))
+    assert shared.startswith("error: engine.prefix_caching: the prefix cache of 25,720 blocks needs ~")
     assert CliRunner().invoke(app, ["run", cfg, "--max-memory", "1GiB", "--json"]).exit_code == 0
     assert "--max-memory" in one_line(CliRunner().invoke(app, ["run", cfg, "--max-memory", "lots"]))
 
@@ -38,8 +39,7 @@ def test_max_memory_option(root):
 def test_sweep_refusal_counts_workers_and_the_table(root, tmp_path):
     cfg = str(root / "configs/h100.yaml")
     out = tmp_path / "x.nc"
-    line = one_line(CliRunner().invoke(app, ["sweep", cfg, "--workers", "2", "--max-memory", "4MB", "--out", str(out),
-                                             "--set", "engine.prefix_caching=false"]))
+    line = one_line(CliRunner().invoke(app, ["sweep", cfg, "--workers", "2", "--max-memory", "4MB", "--out", str(out)]))
     assert "20,000 requests a point on 2 workers need ~" in line
     big_grid = ["--set", "workload.n_requests=1", "--set", f"sweep.workload.seed=[{','.join(map(str, range(30000)))}]"]
     line = one_line(CliRunner().invoke(app, ["sweep", cfg, *big_grid, "--max-memory", "8MB", "--out", str(out)]))
@@ -77,6 +77,10 @@ KINDS = {
     "apart-random": {**SERVING, "fleet.replicas": 4, "fleet.router": "random", "workload.rate": 120},
     "pool": {**SERVING, "fleet.replicas": 4, "fleet.router": "least_outstanding", "workload.rate": 120},
     "disaggregated": {**SERVING, "fleet.replicas": 3, "fleet.prefill_replicas": 1, "workload.rate": 90},
+    # prefix caching: over requests that share nothing on the fast kernels, else on the cache's loop
+    "cached-unshared": {**SERVING, "engine.prefix_caching": True},
+    "cached-pool-unshared": {**SERVING, "engine.prefix_caching": True, "fleet.replicas": 4, "workload.rate": 120},
+    "cached": {**SERVING, "engine.prefix_caching": True, "workload.system_prompts": {"count": 8, "tokens": 200}},
 }
 
 
@@ -128,5 +132,5 @@ def test_capacity_checks_the_largest_point_of_its_grid(root, tmp_path):
     line = one_line(CliRunner().invoke(app, ["capacity", str(root / "configs/h100.yaml"), "--quiet", "--workers", "1",
                                              "--set", "sweep.workload.n_requests=[1000, 1e9]", "--max-memory", "1GB",
                                              "--out", str(tmp_path / "c.nc")]))
-    assert line.startswith("error: workload.n_requests: 1,000,000,000 requests need ~512 GB")
+    assert line.startswith("error: workload.n_requests: 1,000,000,000 requests need ~256 GB")
     assert not list(tmp_path.iterdir())
