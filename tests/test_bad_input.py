@@ -184,7 +184,6 @@ for id, args, names in [
     ("sessions-think-negative", ["--set", "workload.sessions.think_s.value=-1"], "workload.sessions.think_s.value"),
     ("sessions-think-mean-negative", ["--set", "workload.sessions.think_s.mean=-0.5"], "workload.sessions.think_s.mean"),
     ("sessions-stdlib", [*SESSIONS, "--set", "workload.rng=stdlib"], "workload.sessions"),
-    ("sessions-prefill-pool", [*SESSIONS, "--set", "fleet.prefill_replicas=1"], "workload.sessions"),
     ("sessions-pinned-prefix", [*SESSIONS, "--set", "workload.prefix_tokens=100", "--set", "engine.prefix_caching=false"],
      "workload.prefix_tokens"),
     ("sessions-context-too-long", [*SESSIONS, "--set", "workload.sessions.max_context=10000000",

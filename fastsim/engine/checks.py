@@ -133,9 +133,6 @@ def _prefix_cache(config: Config) -> None:
         if w.prefix_tokens and not e.prefix_caching:
             raise ConfigError("workload.prefix_tokens with workload.sessions needs engine.prefix_caching: true (the "
                               "prefix is then a cached system prompt; a pinned one is not modelled in sessions)")
-        if fleet.disaggregated(config):
-            raise ConfigError("workload.sessions: not with a prefill pool (fleet.prefill_replicas) yet: a session's "
-                              "next turn would wait on the decode pool")
     if w.system_prompts is not None and w.prefix_tokens:
         raise ConfigError("workload.system_prompts: give it or workload.prefix_tokens (one system prompt), not both")
     sp = w.system_prompts

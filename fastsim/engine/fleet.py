@@ -13,7 +13,8 @@ over every request, the step runs of every replica for the inter-token latencies
   replicas' hardware, tp and budget; the shared prefix cached there); each prefill replica's KV
   link carries the prompts to the decode pool (:mod:`.link`), which routes them in order of KV
   arrival and decodes them from c = p, g = 1 (no pinned prefix), so the gap to the second token
-  includes the transfer.
+  includes the transfer. Sessions behind a prefill pool run both pools in the cache's loop: a
+  turn waits on the decode pool.
 """
 
 from __future__ import annotations
@@ -129,29 +130,54 @@ def _no_hits(out: Outcome) -> Outcome:
 
 
 def _cached(config: Config, p: Plan, replicas: int, traffic: Traffic, output: np.ndarray, draws: np.ndarray,
-            scratch: Scratch | None) -> Outcome:
+            scratch: Scratch | None, prefill: tuple[Plan, np.ndarray] | None = None) -> Outcome:
     """The prefix-caching loop (:mod:`.kernels.prefix`) on ``replicas`` replicas of plan ``p``
-    (engine times); ``output``: the outputs it runs (ones on a prefill pool)."""
+    (engine times); ``output``: the outputs it runs (ones on a prefill pool). With ``prefill``
+    (the prefill replicas' plan and their random router's draws), the replicas decode behind a
+    prefill pool in the same loop (sessions: a turn waits on the decode pool)."""
     scratch = Scratch() if scratch is None else scratch
     f = config.fleet
     n = len(traffic)
     c = traffic.content if traffic.content is not None else shares.none(n)
     prompt = traffic.prompt_tokens
+    pool = None
+    if prefill is not None:
+        pre_plan, pre_draws = prefill
+        pool = prefix.PrefillPool(f.prefill_replicas, pre_plan.k, pre_plan.budget, pre_plan.blocks,
+                                  link.transfer_s(config, prompt), pre_draws.astype(np.int64))
     got = []  # the per-request arrays of the last call
 
     def call(runs: np.ndarray, gaps: np.ndarray) -> tuple:
         *got[:], counters = prefix.run(
             traffic.arrival_s, prompt, output, c.parent, c.shared, c.hash_start, c.hash_ids, c.hash_block, c.think_s,
             replicas, ROUTERS[f.router].code, draws.astype(np.int64), f.prefix_weight, p.limit, p.k, p.budget,
-            p.blocks, p.block_tokens, config.engine.prefix_caching, p.api_s, runs, gaps)
+            p.blocks, p.block_tokens, config.engine.prefix_caching, p.api_s, runs, gaps, pool)
         return counters
 
     counters, runs, gaps = with_room(n, scratch, False, call)
-    first, done, arrived, replica, cached = got
+    first, done, arrived, replica, pre_replica, cached, pre_counters = got
     out = outcome(p, first, done, counters, runs, gaps, replica.astype(np.int32))
+    if prefill is not None:
+        pre = outcome(prefill[0], first, done, pre_counters, runs[:0], gaps[:0])
+        out = _joined(pre, out, first, done, replica.astype(np.int32), pre_replica.astype(np.int32))
     hit = float(cached.sum()) / float(prompt.sum()) if config.engine.prefix_caching and prompt.sum() else np.nan
     return dataclasses.replace(out, arrival_s=arrived if c.closed_loop else None, cached_tokens=cached,
                                prefix_hit_rate=hit)
+
+
+def _joined(pre: Outcome, dec: Outcome, first: np.ndarray, done: np.ndarray, replica: np.ndarray,
+            pre_replica: np.ndarray) -> Outcome:
+    """A disaggregated fleet's outcome from its prefill pool's and its decode pool's: each
+    request's first token and done time, decode replica (-1: done at its prefill) and prefill
+    replica."""
+    assert not len(pre.runs), "a prefill replica never decodes"
+    both = (pre, dec)
+    return Outcome(first, done, pre.steps + dec.steps, pre.busy_slot_steps + dec.busy_slot_steps,
+                   max(pre.max_queue, dec.max_queue), pre.preemptions + dec.preemptions,
+                   pre.kv_block_steps + dec.kv_block_steps, pre.kv_capacity_steps + dec.kv_capacity_steps,
+                   max((o.kv_peak_use for o in both if o.kv_capacity_steps), default=float("nan")), dec.runs,
+                   np.concatenate([pre.gaps_s, dec.gaps_s]), dec.k, replica, pre_replica,
+                   cached_tokens=pre.cached_tokens, prefix_hit_rate=pre.prefix_hit_rate)
 
 
 def _disaggregated(config: Config, plan: Plan, traffic: Traffic, draws: np.ndarray, scratch: Scratch | None
@@ -163,6 +189,8 @@ def _disaggregated(config: Config, plan: Plan, traffic: Traffic, draws: np.ndarr
     # the prefill pool: every prompt as a one-token request
     prefill = Plan.of(pools.prefill_config(config), 1)
     pre_draws = routes(config.workload, n, f.prefill_replicas, 1) if ROUTERS[f.router].draws else draws
+    if traffic.content is not None and traffic.content.closed_loop:  # a turn waits on the decode pool: one loop
+        return _cached(config, plan, f.replicas, traffic, output, draws, scratch, (prefill, pre_draws))
     ones = np.ones(n, np.int64)
     if traffic.content is None:  # nothing shared: the fast kernels, as in _unshared
         router = "least_kv" if f.router == "prefix_aware" else f.router
@@ -175,17 +203,12 @@ def _disaggregated(config: Config, plan: Plan, traffic: Traffic, draws: np.ndarr
     reached = link.kv_arrivals(config, ended, prompt, sent, pre.replica)
     ids = np.flatnonzero(sent)
     ids = ids[np.lexsort((ids, reached[ids]))]  # the decode pool's order: by KV arrival, ties by index
-    dec = _pool(plan, f.router, f.replicas, reached[ids], prompt[ids], output[ids], draws[ids], scratch,
+    # decode replicas cache nothing: the prompt-aware score is least_kv's there
+    router = "least_kv" if f.router == "prefix_aware" else f.router
+    dec = _pool(plan, router, f.replicas, reached[ids], prompt[ids], output[ids], draws[ids], scratch,
                 token_1=ended[ids])
     done = ended.copy()
     done[ids] = dec.done_s
     replica = np.full(n, -1, np.int32)
     replica[ids] = dec.replica
-    assert not len(pre.runs), "a prefill replica never decodes"
-    both = (pre, dec)
-    return Outcome(ended, done, pre.steps + dec.steps, pre.busy_slot_steps + dec.busy_slot_steps,
-                   max(pre.max_queue, dec.max_queue), pre.preemptions + dec.preemptions,
-                   pre.kv_block_steps + dec.kv_block_steps, pre.kv_capacity_steps + dec.kv_capacity_steps,
-                   max((o.kv_peak_use for o in both if o.kv_capacity_steps), default=float("nan")), dec.runs,
-                   np.concatenate([pre.gaps_s, dec.gaps_s]), dec.k, replica, pre.replica,
-                   cached_tokens=pre.cached_tokens, prefix_hit_rate=pre.prefix_hit_rate)
+    return _joined(pre, dec, ended, done, replica, pre.replica)

@@ -22,13 +22,19 @@ def _first_come_first_served(ended, duration):
     return out
 
 
+def transfer_s(config: Config, prompt: np.ndarray) -> np.ndarray:
+    """Each prompt's transfer time over a link (s)."""
+    f = config.fleet
+    return f.kv_link_latency_ms * 1e-3 + prompt * config.model.kv_bytes_per_token / (f.kv_link_gb_s * 1e9)
+
+
 def kv_arrivals(config: Config, ended: np.ndarray, prompt: np.ndarray, sent: np.ndarray,
                 prefill_replica: np.ndarray) -> np.ndarray:
     """When each request's KV reaches the decode pool (NaN for those not ``sent``: a one-token
     output is done at its prefill), from its prefill end ``ended`` (engine time) on
     ``prefill_replica``'s link."""
     f = config.fleet
-    duration = f.kv_link_latency_ms * 1e-3 + prompt * config.model.kv_bytes_per_token / (f.kv_link_gb_s * 1e9)
+    duration = transfer_s(config, prompt)
     arrived = np.full(ended.size, np.nan)
     for r in range(f.prefill_replicas):
         mine = np.flatnonzero(sent & (prefill_replica == r))

@@ -79,8 +79,11 @@ def run_bytes(config: Config) -> int:
 def _kind(config: Config) -> str:
     """How the run goes, as :func:`fastsim.model.fleet.kind` says, but a prefix cache over
     requests that share nothing runs on the fast kernels (one engine, or a pool: fleet.run's
-    ``_unshared``). What a trace shares is known once it is read: it counts as shared."""
+    ``_unshared``), and sessions behind a prefill pool run in the cache's loop. What a trace
+    shares is known once it is read: it counts as shared."""
     how, w = fleet.kind(config), config.workload
+    if how == "disaggregated" and w.sessions is not None:
+        return "cached"  # both pools in the cache's loop: a turn waits on the decode pool
     shares = (w.sessions is not None or w.system_prompts is not None
               or (config.engine.prefix_caching and (bool(w.prefix_tokens) or w.trace is not None)))
     if how == "cached" and not shares:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -83,20 +84,32 @@ def prefix_configs(draw) -> Config:
     return Config().with_values(v)
 
 
-def oracle(config: Config, traffic: Traffic) -> dict:
-    c = traffic.content if traffic.content is not None else shares.none(len(traffic))
-    f = config.fleet
-    draws = routes(config.workload, len(traffic), f.replicas, 0).tolist() if f.router == "random" else None
-    engine = oracle_engine(config)
+def _engine(config: Config, prefill: bool = False):
+    engine = oracle_engine(config, prefill)
     engine.prefix_blocks = 0
     # Sessions release a turn at a step's end (plus the API overhead and a think time that may be
     # 0), so arrivals tie with other replicas' step boundaries exactly; the kernels' own step time
     # (checked against the physical formula by the serving oracle) keeps those ties bit-identical.
-    k = cost.coefficients(config)
+    k = cost.coefficients(fleet.pools.prefill_config(config) if prefill else config)
     engine.cost = lambda N, C, A, S: cost.step_time(k, N, C, A, S)
+    return engine
+
+
+def oracle(config: Config, traffic: Traffic) -> dict:
+    n = len(traffic)
+    c = traffic.content if traffic.content is not None else shares.none(n)
+    f = config.fleet
+    draws = routes(config.workload, n, f.replicas, 0).tolist() if f.router == "random" else None
+    prefill = None
+    if f.prefill_replicas:
+        link_s = [f.kv_link_latency_ms * 1e-3 + p * config.model.kv_bytes_per_token / (f.kv_link_gb_s * 1e9)
+                  for p in traffic.prompt_tokens.tolist()]
+        pre_draws = routes(config.workload, n, f.prefill_replicas, 1).tolist() if f.router == "random" else None
+        prefill = oracle_prefix.Prefill(f.prefill_replicas, _engine(config, prefill=True), link_s, pre_draws)
     return oracle_prefix.simulate(traffic.arrival_s.tolist(), traffic.prompt_tokens.tolist(),
-                                  traffic.output_tokens.tolist(), c, engine, caching=config.engine.prefix_caching,
-                                  replicas=f.replicas, router=f.router, weight=f.prefix_weight, routes=draws)
+                                  traffic.output_tokens.tolist(), c, _engine(config),
+                                  caching=config.engine.prefix_caching, replicas=f.replicas, router=f.router,
+                                  weight=f.prefix_weight, routes=draws, prefill=prefill)
 
 
 def agree(config: Config, traffic: Traffic) -> None:
@@ -106,7 +119,10 @@ def agree(config: Config, traffic: Traffic) -> None:
     assert close(arrival, slow["arrival"])
     assert close(fast.first_token_s, slow["first_token"])
     assert close(fast.done_s, slow["done"])
-    assert (fast.replica.tolist() if fast.replica is not None else [0] * len(traffic)) == slow["replica"]
+    replica = [None if r < 0 else r for r in fast.replica.tolist()] if fast.replica is not None else [0] * len(traffic)
+    assert replica == slow["replica"]
+    if config.fleet.prefill_replicas:
+        assert fast.prefill_replica.tolist() == slow["prefill_replica"]
     assert (fast.steps, fast.busy_slot_steps, fast.max_queue, fast.preemptions) == (
         slow["steps"], slow["busy"], slow["max_queue"], slow["preemptions"])
     if config.engine.prefix_caching:
@@ -203,30 +219,36 @@ def test_sessions_follow_the_rules():
     assert (r.cached_tokens[later] >= before // 16 * 16 - 16).all()  # every earlier turn still cached
 
 
-@settings(max_examples=100, deadline=None)
-@given(prefix_configs(), st.integers(1, 2))
-def test_a_prefill_pool_caches_what_it_computes(config, prefill):
-    """Disaggregated: the prefill replicas run the cache on every prompt as a one-token request
-    (their first tokens, cached tokens and routing are the oracle's); decode replicas receive
-    whole prompts."""
-    if config.workload.sessions is not None or not config.engine.prefix_caching:
-        return
-    config = config.with_values({"fleet.prefill_replicas": prefill})
-    traffic = of(config)
-    fast = fleet.run(config, traffic)
-    n = len(traffic)
-    ones = Traffic(traffic.arrival_s, traffic.prompt_tokens, np.ones(n, np.int64), traffic.content)
-    f = config.fleet
-    draws = routes(config.workload, n, prefill, 1).tolist() if f.router == "random" else None
-    engine = oracle_engine(config, prefill=True)
-    k = cost.coefficients(fleet.pools.prefill_config(config))
-    engine.cost = lambda N, C, A, S: cost.step_time(k, N, C, A, S)
-    slow = oracle_prefix.simulate(ones.arrival_s.tolist(), ones.prompt_tokens.tolist(), [1] * n,
-                                  traffic.content or shares.none(n), engine, replicas=prefill, router=f.router,
-                                  weight=f.prefix_weight, routes=draws)
-    assert close(fast.first_token_s, slow["first_token"])
-    assert fast.cached_tokens.tolist() == slow["cached"]
-    assert fast.prefill_replica.tolist() == slow["replica"]
+@settings(max_examples=150, deadline=None)
+@given(prefix_configs(), st.integers(1, 2), st.sampled_from([None, 4, 400]), st.sampled_from([0.0, 2.0]))
+def test_a_prefill_pool_caches_what_it_computes(config, prefill, prefill_budget, latency_ms):
+    """Disaggregated: the prefill replicas run the cache on every prompt as a one-token request,
+    their links carry the KV to decode replicas that cache nothing; a session's next turn waits for
+    its last token on the decode replica. Everything is the oracle's: times, both replicas, cached
+    tokens, counters."""
+    values = {"fleet.prefill_replicas": prefill, "fleet.kv_link_latency_ms": latency_ms, "fleet.kv_link_gb_s": 0.5}
+    if prefill_budget is not None:
+        values["fleet.prefill_max_batched_tokens"] = max(prefill_budget, config.engine.max_batch)
+    config = config.with_values(values)
+    agree(config, of(config))
+
+
+@pytest.mark.parametrize("sessions", [False, True])
+def test_decode_replicas_behind_prefix_aware_routing_go_by_kv_blocks(sessions):
+    """Decode replicas cache nothing, so every one would miss the whole prompt: prefix-aware
+    routing is least_kv's there (it was least_outstanding's). A case where the two differ."""
+    v = {"engine.max_batch": 4, "engine.prefix_caching": True, "workload.n_requests": 60, "workload.rate": 200.0,
+         "workload.prompt.dist": "uniform", "workload.prompt.min": 20, "workload.prompt.max": 80,
+         "workload.output.dist": "uniform", "workload.output.min": 1, "workload.output.max": 30,
+         "workload.system_prompts": {"count": 3, "tokens": 16}, "engine.block_tokens": 4,
+         "model.params_b": 8.0, "model.n_layers": 32, "model.attn_dim": 4096, "model.hidden": 4096,
+         "engine.kv_cache_gb": 400 * 131072 / 1e9 * (1 + 1e-12),
+         "fleet.replicas": 3, "fleet.prefill_replicas": 2, "fleet.router": "prefix_aware"}
+    if sessions:
+        v["workload.sessions"] = {"turns": {"dist": "uniform", "min": 1, "max": 4},
+                                  "think_s": {"dist": "fixed", "value": 0.0}, "max_context": 400}
+    config = Config().with_values(v)
+    agree(config, of(config))
 
 
 def test_the_chat_fleet_figures_of_the_docs(root):

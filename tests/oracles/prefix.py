@@ -5,11 +5,16 @@ Every physical block is a Python object slot (its content key or None, its refer
 free queue is a list; a dict maps content to the block that holds it; each request keeps the list
 of blocks it holds. Replicas advance step by step in time order, every arrival (a static one or a
 session's next turn, released when the turn before is done) routed at its instant after every
-step that started before it. Literal and slow; the kernel must agree exactly.
+step that started before it. With a prefill pool, the prefill replicas cache what they compute
+and end each request at its first token; its KV then crosses its prefill replica's link (first
+come, first served; ties: the lower index) and joins a decode replica (no cache there: blocks only
+counted) with c = p, g = 1; a session's next turn waits for the decode replica's last token.
+Literal and slow; the kernel must agree exactly.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 
@@ -52,10 +57,15 @@ class CachedReplica:
         self.kv_used, self.gaps = [], []
         self.waiting, self.running = [], []
 
-    def join(self, i):
+    def join(self, i, token_1=None):
+        """Request ``i`` joins the queue; on a decode replica with its prompt's KV and its first
+        token, emitted at ``token_1``."""
         self.waiting.append(i)
         self.g[i], self.c[i], self.blocks[i] = 0, 0, []
         self.last_emit[i] = None
+        if token_1 is not None:
+            self.g[i], self.c[i] = 1, self.prompt[i]
+            self.last_emit_time[i] = token_1
 
     def has_work(self):
         return bool(self.waiting or self.running)
@@ -133,7 +143,7 @@ class CachedReplica:
                 i = waiting[0]
                 h = self.hit(i, g[i])
                 hits = [self.where[self.s.key(i, j)] for j in range(h)]
-                c0 = h * B
+                c0 = max(h * B, c[i])  # (a decode replica's request arrives with its prompt computed)
                 take = min(prompt[i] + g[i] - c0, budget)
                 new = math.ceil((c0 + take) / B) - h
                 if new + sum(1 for b in hits if self.ref[b] == 0) > len(self.free):
@@ -183,62 +193,106 @@ class CachedReplica:
         return finished if finished else [None]
 
 
+@dataclasses.dataclass
+class Prefill:
+    """A prefill pool in front of the replicas, which then only decode."""
+
+    replicas: int
+    engine: Engine  # the prefill replicas'
+    link_s: list  # each request's KV transfer time
+    routes: list | None = None  # the random router's prefill replica per routed request (routing order)
+
+
+def _route(router, reps, x_of, q, k, draw, weight, B, prompt, cached):
+    """The replica (an index into ``x_of``) for request ``q``, the pool's ``k``-th routed
+    (``draw``: the random router's)."""
+    if router == "round_robin":
+        return k % len(x_of)
+    if router == "random":
+        return draw
+
+    def score(x):
+        rep = reps[x_of[x]]
+        if router == "least_outstanding":
+            return (rep.outstanding(), x)
+        if router == "least_kv" or not cached:
+            return (rep.in_use(), rep.outstanding(), x)
+        miss = math.ceil(prompt[q] / B) - rep.hit(q, 0)
+        return (miss * weight + rep.in_use(), rep.outstanding(), x)
+    return min(range(len(x_of)), key=score)
+
+
 def simulate(arrival, prompt, output, content, e: Engine, caching=True, replicas=1, router="round_robin",
-             weight=1.0, routes=None):
-    """Requests (``arrival`` NaN for a session's later turn) on ``replicas`` replicas; returns a
-    dict of per-request client times and arrivals, cached tokens, replica, and the counters."""
+             weight=1.0, routes=None, prefill: Prefill | None = None):
+    """Requests (``arrival`` NaN for a session's later turn) on ``replicas`` replicas (with
+    ``prefill``, decode replicas behind it; the random router's decode replica is ``routes[i]``
+    per request, as its prefill pool's is per routed request); returns a dict of per-request client
+    times and arrivals, cached tokens, replica (and prefill replica), and the counters."""
     n = len(arrival)
     B = e.block_tokens
     shares = Shares(n, prompt, content.parent, content.shared, content.hash_start, content.hash_ids,
                     content.hash_block, B)
-    reps = [CachedReplica(e, shares, prompt, output, caching) for _ in range(replicas)]
+    npre = prefill.replicas if prefill else 0
+    reps = [CachedReplica(prefill.engine, shares, prompt, [1] * n, caching) for _ in range(npre)]
+    reps += [CachedReplica(e, shares, prompt, output, caching and not prefill) for _ in range(replicas)]
+    first_pool = list(range(npre or replicas))
+    decode_pool = list(range(npre, npre + replicas))
     pending = [(arrival[i], i) for i in range(n) if not math.isnan(arrival[i])]
     heapq.heapify(pending)
     arrived = list(arrival)
     where = [None] * n
-    routed = 0
+    prefill_of = [None] * n
+    kv_arrived = [False] * n
+    link_free = [0.0] * npre
+    first = [None] * n
+    done = [None] * n
+    routed = routed_decode = 0
     while True:
         t_next = pending[0][0] if pending else math.inf
-        busy = [r for r in range(replicas) if reps[r].has_work()]
+        busy = [r for r in range(len(reps)) if reps[r].has_work()]
         r = min(busy, key=lambda x: (reps[x].now, x)) if busy else None
         if r is not None and reps[r].now < t_next:
             rep = reps[r]
             finished = rep.iterate()
-            if not finished:
-                continue  # the only runner preempted itself: admitted next iteration
-            for i in finished:
-                if i is not None and i + 1 < n and content.turn[i + 1] > 1 and content.session[i + 1] == content.session[i]:
-                    t = rep.done[i] + e.api_s + content.think_s[i + 1]
+            for i in sorted(i for i in finished if i is not None):
+                if r < npre:  # a prompt done: its first token
+                    first[i] = rep.done[i] + e.api_s
+                    if output[i] > 1:  # its KV crosses the link
+                        link_free[r] = max(rep.done[i], link_free[r]) + prefill.link_s[i]
+                        kv_arrived[i] = True
+                        heapq.heappush(pending, (link_free[r], i))
+                        continue
+                elif not npre:
+                    first[i] = rep.first_token[i] + e.api_s
+                done[i] = rep.done[i] + e.api_s
+                if i + 1 < n and content.turn[i + 1] > 1 and content.session[i + 1] == content.session[i]:
+                    t = done[i] + content.think_s[i + 1]
                     arrived[i + 1] = t
                     heapq.heappush(pending, (t, i + 1))
             continue
         if not pending:
             break
         t, q = heapq.heappop(pending)
-        if router == "round_robin":
-            k = routed % replicas
-        elif router == "random":
-            k = routes[routed]
+        if kv_arrived[q]:
+            x = _route(router, reps, decode_pool, q, routed_decode, routes and routes[q], weight, B, prompt, False)
+            routed_decode += 1
+            token_1 = first[q] - e.api_s
         else:
-            def score(x):
-                rep = reps[x]
-                if router == "least_outstanding":
-                    return (rep.outstanding(), x)
-                if router == "least_kv":
-                    return (rep.in_use(), rep.outstanding(), x)
-                miss = math.ceil(prompt[q] / B) - rep.hit(q, 0)
-                return (miss * weight + rep.in_use(), rep.outstanding(), x)
-            k = min(range(replicas), key=score)
-        routed += 1
-        where[q] = k
+            draws = prefill.routes if prefill else routes
+            x = _route(router, reps, first_pool, q, routed, draws and draws[routed], weight, B, prompt, caching)
+            routed += 1
+            token_1 = None
+        k = (decode_pool if kv_arrived[q] else first_pool)[x]
+        if k < npre:
+            prefill_of[q] = k
+        else:
+            where[q] = k - npre
         rep = reps[k]
         if not rep.has_work():
             rep.now = max(rep.now, t)
-        rep.join(q)
-    first = [reps[where[i]].first_token[i] + e.api_s for i in range(n)]
-    done = [reps[where[i]].done[i] + e.api_s for i in range(n)]
-    return dict(arrival=arrived, first_token=first, done=done, replica=where,
-                cached=[reps[where[i]].cached[i] for i in range(n)],
+        rep.join(q, token_1)
+    return dict(arrival=arrived, first_token=first, done=done, replica=where, prefill_replica=prefill_of,
+                cached=[reps[prefill_of[i] if npre else where[i]].cached[i] for i in range(n)],
                 steps=sum(x.steps for x in reps), busy=sum(x.busy for x in reps),
                 preemptions=sum(x.preemptions for x in reps), max_queue=max(x.max_queue for x in reps),
                 kv_used=[u for x in reps for u in x.kv_used], gaps=[gp for x in reps for gp in x.gaps])

@@ -10,17 +10,25 @@ a session's released turn, is routed at its instant after every step that starte
 when another replica is ahead. With prefix caching off it runs sessions with paged blocks
 counted as :mod:`.continuous` counts them (nothing hits).
 
+With a prefill pool (sessions behind it: a turn waits on the decode pool), replicas 0..P-1 are the
+prefill replicas, which cache what they compute and end each request at its first token; its KV
+then crosses that replica's link (first come, first served; ties: the lower index) and arrives at
+the decode replicas P.., routed then (prefix-aware routing is least_kv there: nothing is cached),
+with c = p computed and g = 1; their blocks are only counted.
+
 State is struct of arrays: per request the rows of ``req``, per replica the columns of ``st``,
 per block the cache's arrays, a binary heap of released turns (time, request).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from ..._jit import inline, jit
 from ...model.cost import step_time
-from ..router import PREFIX_AWARE, choose
+from ..router import LEAST_KV, PREFIX_AWARE, RANDOM, choose
 from . import _cache
 from ._cache import REF, allocate, fill, hit, release, unqueue
 from ._calendar import extend_run, totals
@@ -42,31 +50,53 @@ def stride_of(prompt: np.ndarray, output: np.ndarray, bt: int) -> int:
     return 1 << most.bit_length()
 
 
+@dataclass(frozen=True)
+class PrefillPool:
+    """Prefill replicas in front of the replicas, which then only decode: their step-time
+    coefficients, token budget and KV blocks, each request's KV transfer time (s) and the random
+    router's prefill replica per routed request."""
+
+    replicas: int
+    k: np.ndarray
+    budget: int
+    blocks: int
+    link_s: np.ndarray
+    routes: np.ndarray
+
+
 def run(arrival, prompt, output, parent, shared, hash_start, hash_ids, hash_block, think, replicas, code, routes,
-        weight, limit, k, budget, blocks, bt, caching, api_s, runs, gaps):
-    """Allocate the state and run :func:`cached_pool`. Returns (first token, done, arrival,
-    replica, cached tokens, counters as :class:`~fastsim.engine.kernels.Counters` takes them)."""
+        weight, limit, k, budget, blocks, bt, caching, api_s, runs, gaps, prefill: PrefillPool | None = None):
+    """Allocate the state and run :func:`cached_pool` (``routes``: the random router's replica per
+    routed request; behind a ``prefill`` pool, per request). Returns (first token, done, arrival,
+    replica, prefill replica, cached tokens, the prefill pool's counters and the others' as
+    :class:`~fastsim.engine.kernels.Counters` takes them, their gaps counted with the others')."""
     n = arrival.size
     first, done, arrived = np.empty(n), np.empty(n), arrival.copy()
-    replica = np.empty(n, np.int64)
+    replica = np.full(n, -1, np.int64)
+    pre_replica = np.full(n, -1, np.int64)
     req = np.zeros((REQ_ROWS, n + 1), np.int64)  # a spare slot in each row (:mod:`._running`)
     req[TOP] = req[SLOT] = req[RPREV] = req[RNEXT] = req[WNEXT] = req[CACHED] = -1
     req[LAST_STEP] = -2
-    cache = _cache.start(replicas, blocks)
+    pre = prefill or PrefillPool(0, k, budget, blocks, np.empty(0), np.empty(0, np.int64))
+    cached_replicas = pre.replicas or replicas  # the replicas whose blocks are cached by content
+    cache = _cache.start(cached_replicas, pre.blocks)
     stride = stride_of(prompt, output, bt)
     depth = _depth(parent) + 2
     # the blocks each running request hit, by slot, so that releasing them needs no lookup (if that is
     # at most HELD_MOST entries: else they are looked up again)
-    count = min(limit * replicas, n)
+    count = min(limit * cached_replicas, n)
     count = count if count * stride <= HELD_MOST else 0
     slots = np.arange(-1, count, dtype=np.int64)
     slots[0] = count  # a stack of free slots: its size, then the slots
     scratch = (np.empty(depth, np.int64), np.empty(depth, np.int64), np.empty(stride, np.int64),
                np.empty(count * stride, np.int64), slots)
-    counters = cached_pool(arrived, prompt, output, parent, shared, hash_start, hash_ids, hash_block, think, replicas,
-                           code, routes, weight, limit, k, budget, blocks, bt, caching, api_s, stride, req, *cache,
-                           *scratch, first, done, replica, runs, gaps)
-    return first, done, arrived, replica, req[CACHED, :n].copy(), counters
+    *counters, ngaps = cached_pool(
+        arrived, prompt, output, parent, shared, hash_start, hash_ids, hash_block, think, replicas, code, routes, weight,
+        limit, k, budget, blocks, bt, caching, api_s, pre.replicas, pre.k, pre.budget, pre.blocks, pre.link_s,
+        pre.routes, stride, req, *cache, *scratch, first, done, replica, pre_replica, runs, gaps)
+    pre_counters, counters = counters[:7], counters[7:]
+    return (first, done, arrived, replica, pre_replica, req[CACHED, :n].copy(), (*pre_counters, 0),
+            (*counters, ngaps))
 
 
 @jit
@@ -83,9 +113,11 @@ def _depth(parent):
 
 @jit
 def cached_pool(arrival, prompt, output, parent, shared, hash_start, hash_ids, hash_block, think, replicas, code,
-                routes, weight, limit, k, budget, blocks, bt, caching, api_s, stride, req, blk, ends, tab, cnode, clo,
-                found, held, slots, first_token, done, replica, runs, gaps):
-    """Continuous batching with a prefix cache on ``replicas`` replicas of ``blocks`` blocks.
+                routes, weight, limit, k, budget, blocks, bt, caching, api_s, npre, k_pre, budget_pre, blocks_pre,
+                link_s, pre_routes, stride, req, blk, ends, tab, cnode, clo, found, held, slots, first_token, done,
+                replica, pre_replica, runs, gaps):
+    """Continuous batching with a prefix cache on ``replicas`` replicas of ``blocks`` blocks,
+    behind ``npre`` prefill replicas (0: none).
 
     Parameters
     ----------
@@ -95,19 +127,28 @@ def cached_pool(arrival, prompt, output, parent, shared, hash_start, hash_ids, h
     parent, shared : int64 (n + G,)    the content tree (:mod:`fastsim.engine.content`)
     hash_start, hash_ids : int64    a hash-id trace's ids per request (empty: the tree)
     think : float64 (n,)    a later turn's think time (s), NaN otherwise
-    code : int    the router; ``routes`` the random router's draws; ``weight`` prefix_aware's
-    caching : bool    blocks are cached by content (else only counted)
+    code : int    the router; ``routes`` the random router's draws (per routed request, or behind
+        a prefill pool per request); ``weight`` prefix_aware's
+    caching : bool    blocks are cached by content (else only counted; on decode replicas always)
+    npre, k_pre, budget_pre, blocks_pre    the prefill replicas, their step-time coefficients,
+        token budget and KV blocks (:class:`PrefillPool`; unused without them)
+    link_s : float64 (n,)    each request's KV transfer time; ``pre_routes`` the prefill pool's draws
     req : int64 (REQ_ROWS, n + 1)    per-request state, initialised by :func:`run`
     blk, ends, tab    the cache (:func:`fastsim.engine.kernels._cache.start`)
     cnode, clo, found    scratch: a request's chain of owners (:func:`._cache.chain`), its hits' blocks
     held, slots    the blocks running requests hit, ``stride`` per slot, and the stack of free slots
-    first_token, done : float64 (n,), replica : int64 (n,)    filled (engine times)
+    first_token, done : float64 (n,)    filled (engine times)
+    replica, pre_replica : int64 (n,)    filled with each request's (decode) replica and prefill
+        replica, where it has one (else left)
     runs, gaps    as :func:`fastsim.engine.kernels.continuous.continuous`'s
 
-    Returns (steps, busy, max_queue, preemptions, KV block-steps, peak KV blocks, runs, gaps).
+    Returns the prefill replicas' (steps, busy, max_queue, preemptions, KV block-steps, peak KV
+    blocks, runs), the others' and the gaps.
     """
     n = arrival.size
-    size = tab.shape[0] // replicas
+    first_pool = npre if npre > 0 else replicas  # the replicas arrivals are routed to
+    replicas += npre
+    size = tab.shape[0] // first_pool
     mask = size - 1
     g, c, hits, top, own = req[G], req[C], req[HITS], req[TOP], req[OWN]
     slot = req[SLOT]
@@ -117,19 +158,22 @@ def cached_pool(arrival, prompt, output, parent, shared, hash_start, hash_ids, h
     st = np.zeros((replicas, N_STATE), np.int64)
     for r in range(replicas):
         st[r, RHEAD] = st[r, RTAIL] = st[r, WHEAD] = st[r, WTAIL] = -1
-        st[r, FREE] = blocks
+        st[r, FREE] = blocks_pre if r < npre else blocks
     now_r = np.zeros(replicas)
     outstanding = np.zeros(replicas, np.int64)  # routed to each replica, not yet done
     in_use = np.zeros(replicas, np.int64)  # KV blocks in use on each, at a routing instant
-    heap_t = np.empty(n)  # released turns: a binary heap on (time, request)
+    heap_t = np.empty(n)  # released turns and KV arrivals: a binary heap on (time, request)
     heap_i = np.empty(n, np.int64)
     nheap = 0
+    sent = np.zeros(n, np.bool_)  # its KV is on its way to the decode pool
+    link_free = np.zeros(max(npre, 1))
+    ended = np.empty(limit + 1, np.int64)  # a prefill step's prompts to send, by index
     rows_i = np.empty(limit + 1, np.int64)
     rows_c = np.empty(limit + 1, np.int64)
     rows_n = np.empty(limit + 1, np.int64)
     nruns = ngaps = 0
     sp = 0  # the next request whose arrival was given
-    routed = 0
+    routed = routed_decode = 0
     while True:
         while sp < n and arrival[sp] != arrival[sp]:
             sp += 1
@@ -145,9 +189,13 @@ def cached_pool(arrival, prompt, output, parent, shared, hash_start, hash_ids, h
                 rep = r
         if rep >= 0 and now_r[rep] < t_next:
             # one step of replica ``rep``
+            prefilling = rep < npre
+            kr = k_pre if prefilling else k
+            cache_r = caching and (npre == 0 or prefilling)
+            blocks_r = blocks_pre if prefilling else blocks
             tb = rep * size
             free = st[rep, FREE]
-            left = budget
+            left = budget_pre if prefilling else budget
             nrows = 0
             preempted = False
             j = st[rep, RHEAD]
@@ -174,10 +222,10 @@ def cached_pool(arrival, prompt, output, parent, shared, hash_start, hash_ids, h
                         break
                 if gone:
                     break
-                allocate(j, need, caching, rep, top, own, blk, ends, tab, tb, mask)
+                allocate(j, need, cache_r, rep, top, own, blk, ends, tab, tb, mask)
                 free -= need
                 slack[j] += need * bt - take
-                if caching and (take > 1 or slack[j] == 0):  # a block filled
+                if cache_r and (take > 1 or slack[j] == 0):  # a block filled
                     fill(j, c[j], c[j] + take, bt, prompt, parent, shared, hash_start, hash_ids, hash_block, stride,
                           hits, top, own, blk, tab, tb, mask, cnode, clo)
                 rows_i[nrows], rows_c[nrows], rows_n[nrows] = j, c[j], take
@@ -188,10 +236,10 @@ def cached_pool(arrival, prompt, output, parent, shared, hash_start, hash_ids, h
                 while st[rep, RUNNING] < limit and left > 0 and st[rep, NWAIT] > 0:
                     i = st[rep, WHEAD]
                     h = free_hits = 0
-                    if caching:
+                    if cache_r:
                         h, free_hits = hit(i, g[i], tb, mask, bt, prompt, parent, shared, hash_start, hash_ids,
                                             hash_block, stride, tab, blk, cnode, clo, found)
-                    c0 = h * bt
+                    c0 = max(h * bt, c[i])  # (a decode replica's request arrives with its prompt computed)
                     take = min(prompt[i] + g[i] - c0, left)
                     new = cdiv(c0 + take, bt) - h
                     if new + free_hits > free:
@@ -210,13 +258,13 @@ def cached_pool(arrival, prompt, output, parent, shared, hash_start, hash_ids, h
                             held[sl * stride + jj] = b
                     free -= free_hits
                     hits[i] = h
-                    allocate(i, new, caching, rep, top, own, blk, ends, tab, tb, mask)
+                    allocate(i, new, cache_r, rep, top, own, blk, ends, tab, tb, mask)
                     free -= new
                     slack[i] = (h + new) * bt - c0 - take
                     if cached[i] < 0:
                         cached[i] = c0
                     c[i] = c0
-                    if caching:
+                    if cache_r:
                         fill(i, c0, c0 + take, bt, prompt, parent, shared, hash_start, hash_ids, hash_block, stride,
                               hits, top, own, blk, tab, tb, mask, cnode, clo)
                     st[rep, WHEAD] = wnext[i]
@@ -247,14 +295,14 @@ def cached_pool(arrival, prompt, output, parent, shared, hash_start, hash_ids, h
                 kv_tok += rows_c[r] + rows_n[r]
                 pairs += rows_n[r] * (2 * rows_c[r] + rows_n[r] + 1) // 2
                 sampled += rows_c[r] + rows_n[r] == prompt[i] + g[i]
-            used = blocks - free
+            used = blocks_r - free
             st[rep, KV_SUM] += used
             st[rep, KV_PEAK] = max(st[rep, KV_PEAK], used)
-            now = now_r[rep] + step_time(k, n_tok, kv_tok, pairs, sampled)
+            now = now_r[rep] + step_time(kr, n_tok, kv_tok, pairs, sampled)
             now_r[rep] = now
             steps = st[rep, STEPS] + 1
             st[rep, STEPS] = steps
-            w = 0
+            w = nsent = 0
             for r in range(nrows):
                 i = rows_i[r]
                 c[i] = rows_c[r] + rows_n[r]
@@ -272,9 +320,8 @@ def cached_pool(arrival, prompt, output, parent, shared, hash_start, hash_ids, h
                     ngaps += 1
                 last_step[i] = steps
                 last_t[i] = now
-                if g[i] < output[i]:
+                if g[i] < (1 if prefilling else output[i]):
                     continue
-                done[i] = now
                 pv, nx = rprev[i], rnext[i]  # unlinked here, not by _running.unlink, whose two stores
                 # into ``st`` per completion measured ~8 % of the sessions row
                 if pv >= 0:
@@ -289,10 +336,27 @@ def cached_pool(arrival, prompt, output, parent, shared, hash_start, hash_ids, h
                 outstanding[rep] -= 1
                 st[rep, FREE] += release(i, rep, bt, prompt, parent, shared, hash_start, hash_ids, hash_block, stride,
                                           hits, top, own, blk, ends, tab, tb, mask, cnode, clo, slot, held, slots)
+                if g[i] < output[i]:  # a prompt done on a prefill replica: its KV is sent
+                    ended[nsent] = i
+                    nsent += 1
+                    continue
+                done[i] = now
                 if i + 1 < n and think[i + 1] == think[i + 1]:  # the session's next turn is released
                     t = now + api_s + think[i + 1]
                     arrival[i + 1] = t
                     nheap = _push(heap_t, heap_i, nheap, t, i + 1)
+            for a in range(1, nsent):  # the link takes them in order of index
+                i = ended[a]
+                b = a
+                while b > 0 and ended[b - 1] > i:
+                    ended[b] = ended[b - 1]
+                    b -= 1
+                ended[b] = i
+            for a in range(nsent):
+                i = ended[a]
+                link_free[rep] = max(now, link_free[rep]) + link_s[i]
+                sent[i] = True
+                nheap = _push(heap_t, heap_i, nheap, link_free[rep], i)
             nruns, st[rep, RUN_KV], st[rep, RUN_PAIRS], st[rep, RUN_NW], st[rep, RUN_M], st[rep, RUN_S] = extend_run(
                 runs, nruns, st[rep, RUN_KV], st[rep, RUN_PAIRS], st[rep, RUN_NW], st[rep, RUN_M], st[rep, RUN_S],
                 n_tok, kv_tok, pairs, 1, w, sampled)
@@ -305,27 +369,40 @@ def cached_pool(arrival, prompt, output, parent, shared, hash_start, hash_ids, h
         else:
             nheap = _pop(heap_t, heap_i, nheap)
         for r in range(replicas):
-            in_use[r] = blocks - st[r, FREE]
-        if code != PREFIX_AWARE:
-            to = choose(code, routed, routes, outstanding, in_use)
+            in_use[r] = (blocks_pre if r < npre else blocks) - st[r, FREE]
+        if sent[q]:  # its KV reached the decode pool, which caches nothing: prefix-aware is least_kv there
+            to = npre + choose(LEAST_KV if code == PREFIX_AWARE else code, q if code == RANDOM else routed_decode,
+                               routes, outstanding[npre:], in_use[npre:])
+            routed_decode += 1
+            last_t[q] = first_token[q]
+            last_step[q] = -2
+        elif code != PREFIX_AWARE:
+            to = choose(code, routed, pre_routes if npre > 0 else routes, outstanding[:first_pool],
+                        in_use[:first_pool])
         else:  # the fewest blocks missed (weighted) plus blocks in use; ties as least_kv's
             to = 0
             best = np.inf
-            for r in range(replicas):
+            for r in range(first_pool):
                 miss = cdiv(prompt[q], bt) - hit(q, 0, r * size, mask, bt, prompt, parent, shared, hash_start,
                                                   hash_ids, hash_block, stride, tab, blk, cnode, clo, found)[0]
                 score = miss * weight + in_use[r]
                 if r == 0 or score < best or (score == best and outstanding[r] < outstanding[to]):
                     to = r
                     best = score
-        routed += 1
-        replica[q] = to
+        if sent[q] or npre == 0:
+            replica[q] = to - npre
+        if not sent[q]:
+            routed += 1
+            if npre > 0:
+                pre_replica[q] = to
         outstanding[to] += 1
         if st[to, RUNNING] == 0 and st[to, NWAIT] == 0:
             now_r[to] = max(now_r[to], t_next)
         join_queue(st, wnext, to, q, WHEAD, WTAIL, NWAIT)
-    steps, busy, max_queue, preemptions, kv_sum, kv_peak, nruns = totals(st, runs, nruns, STEPS, RUN_KV)
-    return steps, busy, max_queue, preemptions, kv_sum, kv_peak, nruns, ngaps
+    pre = totals(st[:npre], runs, nruns, STEPS, RUN_KV)
+    steps, busy, max_queue, preemptions, kv_sum, kv_peak, nruns = totals(st[npre:], runs, pre[-1], STEPS, RUN_KV)
+    return (pre[0], pre[1], pre[2], pre[3], pre[4], pre[5], 0, steps, busy, max_queue, preemptions, kv_sum, kv_peak,
+            nruns, ngaps)
 
 
 @inline
