@@ -269,6 +269,23 @@ def test_the_chat_fleet_figures_of_the_docs(root):
         assert m["preemptions"] == preemptions and round(m["slo_attainment"], 3) == slo
 
 
+def test_the_chat_fleet_behind_a_prefill_pool_of_the_docs(root):
+    """docs/model/prefix-cache.md's second table: configs/chat-fleet.yaml on 3 prefill and 3 decode
+    replicas; at weight 64 prefix-aware routing sends nearly every prompt to one prefill replica."""
+    base = load_config(root / "configs/chat-fleet.yaml").with_values({"fleet.prefill_replicas": 3,
+                                                                      "fleet.replicas": 3})
+    table = [("least_outstanding", 64, 0.410, 0.204, 0.160, 389, 0.814),
+             ("prefix_aware", 64, 0.351, 50.8, 0.0138, 0, 0.113), ("prefix_aware", 1, 0.538, 0.193, 0.203, 366, 0.854)]
+    for router, weight, hit, ttft, tpot, preemptions, slo in table:
+        r = simulate(base.with_values({"fleet.router": router, "fleet.prefix_weight": weight}))
+        m = r.metrics
+        assert round(m["prefix_hit_rate"], 3) == hit and round(m["slo_attainment"], 3) == slo
+        assert math.isclose(m["ttft_p99_s"], ttft, rel_tol=0.01) and math.isclose(m["tpot_p99_s"], tpot, rel_tol=0.01)
+        assert m["preemptions"] == preemptions
+        if weight == 64 and router == "prefix_aware":
+            assert np.bincount(r.prefill_replica).max() == 19_986
+
+
 def test_the_sample_traces_replay_with_their_hit_rates(root):
     """configs/chat-traces.yaml's figures in docs/model/prefix-cache.md: the same conversations
     as hash ids (system prompts visible) and as parent links (only the conversation)."""
