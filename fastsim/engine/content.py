@@ -117,6 +117,29 @@ def sessions(w: Workload, starts: np.ndarray, first_prompt: np.ndarray, output: 
     return arrival, prompt, output, Content(parent, shared, c.hash_start, c.hash_ids, 1, session, turn, system, think)
 
 
+def chat_tree(c: Content, prompt: np.ndarray, output: np.ndarray) -> tuple[np.ndarray, np.ndarray, int] | None:
+    """When requests share only system prompts (all of one length) and their session's turns
+    before them (the whole of each): each request's turn before (-1: none), its system prompt
+    (-1: none) and the system prompts' tokens; else (a trace's sharing) None."""
+    n = prompt.size
+    if c.hash_ids.size:
+        return None
+    parent, shared = c.parent[:n], c.shared[:n]
+    index = np.arange(n)
+    turn = (parent >= 0) & (parent == index - 1)
+    system = (parent >= n) & (c.system_prompt >= 0)
+    if not np.all(turn | system | (parent < 0)):
+        return None
+    before = np.flatnonzero(turn)
+    if np.any(shared[before] != prompt[before - 1] + output[before - 1]) or np.any(
+            c.system_prompt[before] != c.system_prompt[before - 1]):
+        return None
+    tokens = np.unique(shared[system])
+    if tokens.size > 1:
+        return None
+    return np.where(turn, index - 1, -1), c.system_prompt.copy(), int(tokens[0]) if tokens.size else 0
+
+
 @jit
 def _turns(starts, first_prompt, output, turns, followup, cap):
     """Lay sessions' turns out as requests, in session order then turn order, until n."""

@@ -8,7 +8,8 @@ over every request, the step runs of every replica for the inter-token latencies
   own requests apart, on the one-engine kernels. A load-aware router needs the replicas advanced
   together: the continuous kernel's pool (:mod:`.kernels.continuous`).
 - Prefix caching or sessions: one loop for one engine or any router (:mod:`.kernels.prefix`),
-  which also releases each session's next turn when the turn before is done.
+  which also releases each session's next turn when the turn before is done; one engine over
+  system prompts and sessions runs on :mod:`.kernels.chat` (the cache as runs of blocks).
 - Disaggregated: the prefill pool runs each prompt as a one-token request (the prefill
   replicas' hardware, tp and budget; the shared prefix cached there); each prefill replica's KV
   link carries the prompts to the decode pool (:mod:`.link`), which routes them in order of KV
@@ -30,7 +31,7 @@ from . import content as shares
 from . import link, router, stalls
 from .kernels import (FULL_COLUMNS, Outcome, Plan, Scratch, longest_output, outcome, run_engine, with_api,
                       with_room)
-from .kernels import prefix
+from .kernels import chat, prefix
 from .kernels.continuous import WORK_ROWS, continuous
 from .traffic import Traffic, routes
 
@@ -98,8 +99,10 @@ def run(config: Config, traffic: Traffic, scratch: Scratch | None = None) -> Out
         if traffic.content is None:
             out = _unshared(plan, f.router, f.replicas, traffic, draws, scratch)
         else:
-            out = _cached(config, plan, f.replicas, traffic, output, draws, scratch)
-            out = dataclasses.replace(out, replica=None) if f.replicas == 1 else out  # one engine's, as always
+            out = _chat(config, plan, traffic, scratch) if f.replicas == 1 else None
+            if out is None:
+                out = _cached(config, plan, f.replicas, traffic, output, draws, scratch)
+                out = dataclasses.replace(out, replica=None) if f.replicas == 1 else out  # one engine's, as always
     elif kind != "disaggregated":  # replicas apart or a coupled pool: the router decides
         out = _pool(plan, f.router, f.replicas, arrival, prompt, output, draws, scratch)
     else:
@@ -127,6 +130,37 @@ def _no_hits(out: Outcome) -> Outcome:
     """``out`` with the prefix cache's figures of requests that share nothing: no first admission
     hits."""
     return dataclasses.replace(out, cached_tokens=np.zeros(len(out.done_s), np.int64), prefix_hit_rate=0.0)
+
+
+def _chat(config: Config, p: Plan, traffic: Traffic, scratch: Scratch | None) -> Outcome | None:
+    """One engine with the prefix cache over system prompts and sessions, on :mod:`.kernels.chat`
+    (engine times); None where that kernel does not apply or stopped (then :func:`_cached`)."""
+    tree = shares.chat_tree(traffic.content, traffic.prompt_tokens, traffic.output_tokens)
+    if tree is None or not config.engine.prefix_caching or p.blocks < 0:
+        return None
+    parent, group, tokens = tree
+    gend = tokens // p.block_tokens
+    if gend == 0:
+        group = np.full_like(group, -1)
+    scratch = Scratch() if scratch is None else scratch
+    n = len(traffic)
+    got = []
+
+    def call(runs: np.ndarray, gaps: np.ndarray) -> tuple:
+        result = chat.run(traffic.arrival_s, traffic.prompt_tokens, traffic.output_tokens, parent, group,
+                          traffic.content.think_s, gend, int(group.max()) + 1 if n else 0, p.limit, p.k, p.budget,
+                          p.blocks, p.block_tokens, p.api_s, runs, gaps, scratch.work(chat.WORK_ROWS, n))
+        got[:] = [result]
+        return (0,) * 8 if result is None else result[-1]
+
+    counters, runs, gaps = with_room(n, scratch, False, call)
+    if got[0] is None:
+        return None
+    first, done, arrived, cached, _ = got[0]
+    out = outcome(p, first, done, counters, runs, gaps)
+    prompt = traffic.prompt_tokens
+    return dataclasses.replace(out, arrival_s=arrived if traffic.content.closed_loop else None, cached_tokens=cached,
+                               prefix_hit_rate=float(cached.sum()) / float(prompt.sum()) if prompt.sum() else np.nan)
 
 
 def _cached(config: Config, p: Plan, replicas: int, traffic: Traffic, output: np.ndarray, draws: np.ndarray,

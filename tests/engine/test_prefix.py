@@ -15,6 +15,8 @@ from fastsim import Config, load_config, simulate
 from fastsim.analysis.simulation import measure
 from fastsim.engine import content as shares
 from fastsim.engine import fleet
+from fastsim.bench import SERVING, SESSIONS
+from fastsim.engine.kernels import Plan, chat
 from fastsim.engine.traffic import Traffic, of, routes
 from fastsim.model import cost
 
@@ -140,6 +142,48 @@ def agree(config: Config, traffic: Traffic) -> None:
 @given(prefix_configs())
 def test_the_kernel_matches_the_prefix_oracle(config):
     agree(config, of(config))
+
+
+@settings(max_examples=150, deadline=None)
+@given(prefix_configs())
+def test_one_engine_over_chat_traffic_matches_the_prefix_oracle(config):
+    """One engine over system prompts and sessions runs on the chat kernel (the cache as runs of
+    blocks, decode in closed form): the oracle's answer."""
+    config = config.with_values({"fleet.replicas": 1, "fleet.router": "round_robin", "engine.prefix_caching": True})
+    agree(config, of(config))
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_chat_kernel_equals_the_cache_loop_at_scale(seed):
+    """The chat kernel against the cache's block-by-block loop (itself the oracle's) on the
+    bench's chat sessions at H100 scale, with caches from tight (thousands of preemptions) to
+    roomy: every time to 1e-9, every count exact."""
+    rng = np.random.default_rng(seed)
+    config = Config().with_values({
+        **SERVING, **SESSIONS[1], "workload.n_requests": 1000, "workload.seed": seed,
+        "workload.rate": float(rng.choice([0.5, 1.0, 3.0])), "engine.kv_cache_gb": float(rng.choice([2.0, 4.0, 20.0])),
+        "engine.max_batched_tokens": int(rng.choice([2048, 8192])),
+        "workload.sessions": {"turns": {"dist": "uniform", "min": 2, "max": 10}, "max_context": 12000}})
+    traffic = of(config)
+    plan = Plan.of(config, None)
+    fast = fleet._chat(config, plan, traffic, None)
+    loop = fleet._cached(config, plan, 1, traffic, traffic.output_tokens, np.empty(0, np.int64), None)
+    assert close(fast.first_token_s, loop.first_token_s) and close(fast.done_s, loop.done_s)
+    assert close(fast.arrival_s, loop.arrival_s) and (fast.cached_tokens == loop.cached_tokens).all()
+    for name in ("steps", "busy_slot_steps", "max_queue", "preemptions", "kv_block_steps", "prefix_hit_rate"):
+        assert getattr(fast, name) == getattr(loop, name), name
+    assert np.array_equal(fast.runs, loop.runs) and close(np.sort(fast.gaps_s), np.sort(loop.gaps_s))
+
+
+def test_a_chat_run_the_kernel_stops_runs_on_the_cache_loop(monkeypatch):
+    """Where the chat kernel stops (two requests filling one system prompt: the rules keep that
+    from happening, the kernel checks), the cache's loop gives the answer."""
+    config = Config().with_values({**SERVING, **SESSIONS[1], "workload.n_requests": 300})
+    traffic = of(config)
+    want = fleet.run(config, traffic)
+    monkeypatch.setattr(chat, "run", lambda *args: None)
+    got = fleet.run(config, traffic)
+    assert close(got.done_s, want.done_s) and got.steps == want.steps
 
 
 @st.composite

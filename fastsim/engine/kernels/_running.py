@@ -80,6 +80,15 @@ def unlink(rprev, rnext, rhead, rtail, i):
 
 
 @inline
+def link_tail(rprev, rnext, rhead, rtail, i):
+    """Request ``i`` joins the running list's tail; returns the new (head, tail)."""
+    rprev[i] = rtail
+    rnext[i] = -1
+    rnext[rtail if rtail >= 0 else rnext.size - 1] = i
+    return (rhead if rtail >= 0 else i), i
+
+
+@inline
 def join_queue(st, link, rep, q, first, last, waiting):
     """Request ``q`` joins the tail of replica ``rep``'s waiting queue: a list through ``link``,
     its ends and length in columns ``first``, ``last`` and ``waiting`` of ``st``."""

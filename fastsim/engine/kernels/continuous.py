@@ -45,7 +45,7 @@ from ...model.cost import step_time, step_time_with, weights_time
 from ..router import choose
 from ._bare import blocks_last, blocks_taken, mark, next_filled, occupancy, timed
 from ._calendar import RING_MAX, extend_run, totals
-from ._running import cal_file, cal_remove, cdiv, fresh, join_queue, own_hit, unlink
+from ._running import cal_file, cal_remove, cdiv, fresh, join_queue, link_tail, own_hit, unlink
 
 WORK_ROWS = 13  # the kernel's per-request state: rows of ``work``
 STEPPED = 16  # bare steps taken one by one before the rest of a run goes in closed form
@@ -263,13 +263,7 @@ def continuous(arrival, prompt, output, replicas, code, routes, limit, k, budget
                                 qlast = -1
                         nwait -= 1
                         c[i] = ci
-                        rprev[i] = rtail
-                        rnext[i] = -1
-                        if rtail >= 0:
-                            rnext[rtail] = i
-                        else:
-                            rhead = i
-                        rtail = i
+                        rhead, rtail = link_tail(rprev, rnext, rhead, rtail, i)
                         running += 1
                         rows_i[nrows] = i
                         rows_c[nrows] = ci

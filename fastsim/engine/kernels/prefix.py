@@ -26,12 +26,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..._jit import inline, jit
+from ..._jit import jit
 from ...model.cost import step_time
 from ..router import LEAST_KV, PREFIX_AWARE, RANDOM, choose
 from . import _cache
 from ._cache import REF, allocate, fill, hit, release, unqueue
 from ._calendar import extend_run, totals
+from ._heap import pop, push
 from ._running import cdiv, join_queue, unlink
 
 # Per-request rows of ``req``.
@@ -344,7 +345,7 @@ def cached_pool(arrival, prompt, output, parent, shared, hash_start, hash_ids, h
                 if i + 1 < n and think[i + 1] == think[i + 1]:  # the session's next turn is released
                     t = now + api_s + think[i + 1]
                     arrival[i + 1] = t
-                    nheap = _push(heap_t, heap_i, nheap, t, i + 1)
+                    nheap = push(heap_t, heap_i, nheap, t, i + 1)
             for a in range(1, nsent):  # the link takes them in order of index
                 i = ended[a]
                 b = a
@@ -356,7 +357,7 @@ def cached_pool(arrival, prompt, output, parent, shared, hash_start, hash_ids, h
                 i = ended[a]
                 link_free[rep] = max(now, link_free[rep]) + link_s[i]
                 sent[i] = True
-                nheap = _push(heap_t, heap_i, nheap, link_free[rep], i)
+                nheap = push(heap_t, heap_i, nheap, link_free[rep], i)
             nruns, st[rep, RUN_KV], st[rep, RUN_PAIRS], st[rep, RUN_NW], st[rep, RUN_M], st[rep, RUN_S] = extend_run(
                 runs, nruns, st[rep, RUN_KV], st[rep, RUN_PAIRS], st[rep, RUN_NW], st[rep, RUN_M], st[rep, RUN_S],
                 n_tok, kv_tok, pairs, 1, w, sampled)
@@ -367,7 +368,7 @@ def cached_pool(arrival, prompt, output, parent, shared, hash_start, hash_ids, h
         if q == sp:
             sp += 1
         else:
-            nheap = _pop(heap_t, heap_i, nheap)
+            nheap = pop(heap_t, heap_i, nheap)
         for r in range(replicas):
             in_use[r] = (blocks_pre if r < npre else blocks) - st[r, FREE]
         if sent[q]:  # its KV reached the decode pool, which caches nothing: prefix-aware is least_kv there
@@ -404,36 +405,3 @@ def cached_pool(arrival, prompt, output, parent, shared, hash_start, hash_ids, h
     return (pre[0], pre[1], pre[2], pre[3], pre[4], pre[5], 0, steps, busy, max_queue, preemptions, kv_sum, kv_peak,
             nruns, ngaps)
 
-
-@inline
-def _push(heap_t, heap_i, size, t, i):
-    j = size
-    while j > 0:
-        up = (j - 1) >> 1
-        if heap_t[up] < t or (heap_t[up] == t and heap_i[up] < i):
-            break
-        heap_t[j], heap_i[j] = heap_t[up], heap_i[up]
-        j = up
-    heap_t[j], heap_i[j] = t, i
-    return size + 1
-
-
-@inline
-def _pop(heap_t, heap_i, size):
-    size -= 1
-    t, i = heap_t[size], heap_i[size]
-    j = 0
-    while True:
-        child = 2 * j + 1
-        if child >= size:
-            break
-        if child + 1 < size and (heap_t[child + 1] < heap_t[child] or (
-                heap_t[child + 1] == heap_t[child] and heap_i[child + 1] < heap_i[child])):
-            child += 1
-        if heap_t[child] > t or (heap_t[child] == t and heap_i[child] > i):
-            break
-        heap_t[j], heap_i[j] = heap_t[child], heap_i[child]
-        j = child
-    if size > 0:
-        heap_t[j], heap_i[j] = t, i
-    return size
