@@ -8,10 +8,17 @@ prompt and its previous turn's path, allocations evict whole runs from the queue
 release appends one run. Arrivals are the drawn ones and the turns sessions release (a heap),
 taken in time order (ties: the lower index).
 
-Exact for the traffic it takes (no trace; the content tree of system prompts and sessions), as
-long as at most one running request computes a system prompt's blocks: a request admitted while
-another is still filling its system prompt would hold a different part of it, which runs of
-blocks cannot say. Then the kernel stops and says so (the driver runs :mod:`.prefix`'s loop).
+Exact for the traffic it takes (no trace; the content tree of system prompts and sessions): the
+block-by-block loop and the oracle agree with it to the step. Two states would break the
+bookkeeping, and the scheduling rules keep both from arising: a request admitted while another
+still computes its system prompt's blocks (a prompt's chunk either completes them or takes the
+step's whole budget, so nobody is admitted behind it), and a hit cut short of a cached run by
+the one-token rule (a turn's prompt is longer than everything it shares). The kernel checks
+both and stops if one arises (the driver then runs :mod:`.prefix`'s loop).
+
+The phases follow :mod:`.continuous`'s one-engine path statement for statement where the cache
+plays no part; they are written out apart because the cache's operations sit inside each phase,
+and a shared phase would pass some twenty scalars of state in and out.
 """
 
 from __future__ import annotations
