@@ -135,8 +135,10 @@ def _no_hits(out: Outcome) -> Outcome:
 def _chat(config: Config, p: Plan, traffic: Traffic, scratch: Scratch | None) -> Outcome | None:
     """One engine with the prefix cache over system prompts and sessions, on :mod:`.kernels.chat`
     (engine times); None where that kernel does not apply or stopped (then :func:`_cached`)."""
+    if not config.engine.prefix_caching or p.blocks < 0:
+        return None
     tree = shares.chat_tree(traffic.content, traffic.prompt_tokens, traffic.output_tokens)
-    if tree is None or not config.engine.prefix_caching or p.blocks < 0:
+    if tree is None:
         return None
     parent, group, tokens = tree
     gend = tokens // p.block_tokens
@@ -158,9 +160,7 @@ def _chat(config: Config, p: Plan, traffic: Traffic, scratch: Scratch | None) ->
         return None
     first, done, arrived, cached, _ = got[0]
     out = outcome(p, first, done, counters, runs, gaps)
-    prompt = traffic.prompt_tokens
-    return dataclasses.replace(out, arrival_s=arrived if traffic.content.closed_loop else None, cached_tokens=cached,
-                               prefix_hit_rate=float(cached.sum()) / float(prompt.sum()) if prompt.sum() else np.nan)
+    return _with_hits(out, traffic, arrived, cached, True)
 
 
 def _cached(config: Config, p: Plan, replicas: int, traffic: Traffic, output: np.ndarray, draws: np.ndarray,
@@ -194,9 +194,16 @@ def _cached(config: Config, p: Plan, replicas: int, traffic: Traffic, output: np
     if prefill is not None:
         pre = outcome(prefill[0], first, done, pre_counters, runs[:0], gaps[:0])
         out = _joined(pre, out, first, done, replica.astype(np.int32), pre_replica.astype(np.int32))
-    hit = float(cached.sum()) / float(prompt.sum()) if config.engine.prefix_caching and prompt.sum() else np.nan
-    return dataclasses.replace(out, arrival_s=arrived if c.closed_loop else None, cached_tokens=cached,
-                               prefix_hit_rate=hit)
+    return _with_hits(out, traffic, arrived, cached, config.engine.prefix_caching)
+
+
+def _with_hits(out: Outcome, traffic: Traffic, arrived: np.ndarray, cached: np.ndarray, caching: bool) -> Outcome:
+    """``out`` with what the cache's runs add: the arrivals they set (sessions), each request's
+    cached tokens and the hit rate (NaN without a cache)."""
+    prompt = traffic.prompt_tokens.sum()
+    closed = traffic.content is not None and traffic.content.closed_loop
+    return dataclasses.replace(out, arrival_s=arrived if closed else None, cached_tokens=cached,
+                               prefix_hit_rate=float(cached.sum()) / float(prompt) if caching and prompt else np.nan)
 
 
 def _joined(pre: Outcome, dec: Outcome, first: np.ndarray, done: np.ndarray, replica: np.ndarray,
