@@ -9,7 +9,8 @@ over every request, the step runs of every replica for the inter-token latencies
   together: the continuous kernel's pool (:mod:`.kernels.continuous`).
 - Prefix caching or sessions: one loop for one engine or any router (:mod:`.kernels.prefix`),
   which also releases each session's next turn when the turn before is done; one engine over
-  system prompts and sessions runs on :mod:`.kernels.chat` (the cache as runs of blocks).
+  system prompts and sessions, or replicas over system prompts behind a static router (each
+  apart), run on :mod:`.kernels.chat` (the cache as runs of blocks).
 - Disaggregated: the prefill pool runs each prompt as a one-token request (the prefill
   replicas' hardware, tp and budget; the shared prefix cached there); each prefill replica's KV
   link carries the prompts to the decode pool (:mod:`.link`), which routes them in order of KV
@@ -99,7 +100,7 @@ def run(config: Config, traffic: Traffic, scratch: Scratch | None = None) -> Out
         if traffic.content is None:
             out = _unshared(plan, f.router, f.replicas, traffic, draws, scratch)
         else:
-            out = _chat(config, plan, traffic, scratch) if f.replicas == 1 else None
+            out = _chat(config, plan, traffic, draws, scratch)
             if out is None:
                 out = _cached(config, plan, f.replicas, traffic, output, draws, scratch)
                 out = dataclasses.replace(out, replica=None) if f.replicas == 1 else out  # one engine's, as always
@@ -132,35 +133,64 @@ def _no_hits(out: Outcome) -> Outcome:
     return dataclasses.replace(out, cached_tokens=np.zeros(len(out.done_s), np.int64), prefix_hit_rate=0.0)
 
 
-def _chat(config: Config, p: Plan, traffic: Traffic, scratch: Scratch | None) -> Outcome | None:
-    """One engine with the prefix cache over system prompts and sessions, on :mod:`.kernels.chat`
-    (engine times); None where that kernel does not apply or stopped (then :func:`_cached`)."""
+def _chat(config: Config, p: Plan, traffic: Traffic, draws: np.ndarray, scratch: Scratch | None) -> Outcome | None:
+    """The prefix cache over system prompts and sessions on :mod:`.kernels.chat` (engine times):
+    one engine, or replicas behind a static router when requests share only system prompts (each
+    replica then runs apart); None where that kernel does not apply or stopped (then
+    :func:`_cached`)."""
+    f = config.fleet
     if not config.engine.prefix_caching or p.blocks < 0:
         return None
     tree = shares.chat_tree(traffic.content, traffic.prompt_tokens, traffic.output_tokens)
-    if tree is None:
+    if tree is None or (f.replicas > 1 and (ROUTERS[f.router].load_aware or traffic.content.closed_loop)):
         return None
     parent, group, tokens = tree
     gend = tokens // p.block_tokens
     if gend == 0:
         group = np.full_like(group, -1)
-    scratch = Scratch() if scratch is None else scratch
     n = len(traffic)
+    groups = int(group.max()) + 1 if n else 0
+    arrival, prompt, output, think = traffic.arrival_s, traffic.prompt_tokens, traffic.output_tokens, traffic.content.think_s
+    scratch = Scratch() if scratch is None else scratch
+    if f.replicas == 1:
+        got = _chat_engine(p, arrival, prompt, output, parent, group, think, gend, groups, scratch)
+        return None if got is None else _with_hits(got[0], traffic, got[1], got[2], True)
+    where = router.assign(f.router, f.replicas, draws)
+    parts = []
+    cached = np.empty(n, np.int64)
+    for r in range(f.replicas):
+        ids = np.flatnonzero(where == r)
+        if not ids.size:
+            continue
+        got = _chat_engine(p, arrival[ids], prompt[ids], output[ids], parent[ids], group[ids], think[ids], gend, groups,
+                           scratch)
+        if got is None:
+            return None
+        cached[ids] = got[2]
+        parts.append((ids, dataclasses.replace(got[0], runs=got[0].runs.copy())))  # the scratch is reused
+    merged = _merge(parts, n, p.k)
+    merged.replica[:] = where
+    return _with_hits(merged, traffic, arrival, cached, True)
+
+
+def _chat_engine(p: Plan, arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray, parent: np.ndarray,
+                 group: np.ndarray, think: np.ndarray, gend: int, groups: int, scratch: Scratch
+                 ) -> tuple[Outcome, np.ndarray, np.ndarray] | None:
+    """One engine on :mod:`.kernels.chat`: (its outcome, the arrivals the run set, cached tokens),
+    or None if the kernel stopped."""
+    n = arrival.size
     got = []
 
     def call(runs: np.ndarray, gaps: np.ndarray) -> tuple:
-        result = chat.run(traffic.arrival_s, traffic.prompt_tokens, traffic.output_tokens, parent, group,
-                          traffic.content.think_s, gend, int(group.max()) + 1 if n else 0, p.limit, p.k, p.budget,
-                          p.blocks, p.block_tokens, p.api_s, runs, gaps, scratch.work(chat.WORK_ROWS, n))
-        got[:] = [result]
-        return (0,) * 8 if result is None else result[-1]
+        got[:] = [chat.run(arrival, prompt, output, parent, group, think, gend, groups, p.limit, p.k, p.budget, p.blocks,
+                           p.block_tokens, p.api_s, runs, gaps, scratch.work(chat.WORK_ROWS, n))]
+        return (0,) * 8 if got[0] is None else got[0][-1]
 
     counters, runs, gaps = with_room(n, scratch, False, call)
     if got[0] is None:
         return None
     first, done, arrived, cached, _ = got[0]
-    out = outcome(p, first, done, counters, runs, gaps)
-    return _with_hits(out, traffic, arrived, cached, True)
+    return outcome(p, first, done, counters, runs, gaps), arrived, cached
 
 
 def _cached(config: Config, p: Plan, replicas: int, traffic: Traffic, output: np.ndarray, draws: np.ndarray,

@@ -166,13 +166,30 @@ def test_the_chat_kernel_equals_the_cache_loop_at_scale(seed):
         "workload.sessions": {"turns": {"dist": "uniform", "min": 2, "max": 10}, "max_context": 12000}})
     traffic = of(config)
     plan = Plan.of(config, None)
-    fast = fleet._chat(config, plan, traffic, None)
+    fast = fleet._chat(config, plan, traffic, np.empty(0, np.int64), None)
     loop = fleet._cached(config, plan, 1, traffic, traffic.output_tokens, np.empty(0, np.int64), None)
     assert close(fast.first_token_s, loop.first_token_s) and close(fast.done_s, loop.done_s)
     assert close(fast.arrival_s, loop.arrival_s) and (fast.cached_tokens == loop.cached_tokens).all()
     for name in ("steps", "busy_slot_steps", "max_queue", "preemptions", "kv_block_steps", "prefix_hit_rate"):
         assert getattr(fast, name) == getattr(loop, name), name
     assert np.array_equal(fast.runs, loop.runs) and close(np.sort(fast.gaps_s), np.sort(loop.gaps_s))
+
+
+@pytest.mark.parametrize("router", ["round_robin", "random"])
+def test_replicas_over_system_prompts_behind_a_static_router_run_apart_on_the_chat_kernel(router):
+    """Each replica of a static router's fleet runs its own requests: over system prompts, each on
+    the chat kernel, with the block-by-block loop's answer (a tight cache that preempts)."""
+    config = Config().with_values({**SERVING, "workload.system_prompts": {"count": 8, "tokens": 500},
+                                   "workload.rate": 60.0, "workload.n_requests": 4000, "fleet.replicas": 4,
+                                   "fleet.router": router, "engine.kv_cache_gb": 2.0})
+    traffic = of(config)
+    draws = routes(config.workload, len(traffic), 4, 0) if router == "random" else np.empty(len(traffic), np.int64)
+    plan = Plan.of(config, None)
+    fast = fleet._chat(config, plan, traffic, draws, None)
+    loop = fleet._cached(config, plan, 4, traffic, traffic.output_tokens, draws, None)
+    assert fast.preemptions == loop.preemptions > 0 and (fast.replica == loop.replica).all()
+    assert close(fast.first_token_s, loop.first_token_s) and close(fast.done_s, loop.done_s)
+    assert (fast.cached_tokens == loop.cached_tokens).all() and fast.kv_block_steps == loop.kv_block_steps
 
 
 def test_a_chat_run_the_kernel_stops_runs_on_the_cache_loop(monkeypatch):
