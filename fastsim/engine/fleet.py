@@ -52,6 +52,23 @@ def _merge(parts: list[tuple[np.ndarray, Outcome]], n: int, k: np.ndarray) -> Ou
                    np.concatenate([o.gaps_s for o in outs]), k, replica)
 
 
+def _apart(where: np.ndarray, replicas: int, k: np.ndarray, one) -> Outcome | None:
+    """Replicas that run apart, each on its requests (``where``: each request's replica):
+    ``one(ids)`` runs one replica's (None: it could not). Their outcomes merged, or None."""
+    parts = []
+    for r in range(replicas):
+        ids = np.flatnonzero(where == r)
+        if not ids.size:
+            continue
+        out = one(ids)
+        if out is None:
+            return None
+        parts.append((ids, dataclasses.replace(out, runs=out.runs.copy())))  # the scratch is reused
+    merged = _merge(parts, where.size, k)
+    merged.replica[:] = where
+    return merged
+
+
 def _pool(p: Plan, name: str, replicas: int, arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray,
           draws: np.ndarray, scratch: Scratch | None, token_1: np.ndarray = np.empty(0)) -> Outcome:
     """``replicas`` replicas of plan ``p`` behind router ``name``, on requests in routing order
@@ -62,17 +79,8 @@ def _pool(p: Plan, name: str, replicas: int, arrival: np.ndarray, prompt: np.nda
         return Outcome(np.empty(0), np.empty(0), 0, 0, 0, 0, 0, 0, float("nan"), np.empty((0, FULL_COLUMNS), np.int64),
                        np.empty(0), p.k, np.empty(0, np.int32))
     if not how.load_aware:
-        where = router.assign(name, replicas, draws)
-        parts = []
-        for r in range(replicas):
-            ids = np.flatnonzero(where == r)
-            if not ids.size:
-                continue
-            out = run_engine(p, arrival[ids], prompt[ids], output[ids], scratch, token_1[ids] if token_1.size else token_1)
-            parts.append((ids, dataclasses.replace(out, runs=out.runs.copy())))  # the scratch is reused
-        merged = _merge(parts, n, p.k)
-        merged.replica[:] = where
-        return merged
+        return _apart(router.assign(name, replicas, draws), replicas, p.k, lambda ids: run_engine(
+            p, arrival[ids], prompt[ids], output[ids], scratch, token_1[ids] if token_1.size else token_1))
     blocks = p.blocks if p.blocks >= 0 or not how.counts_blocks else 1 << 50  # counted in a cache of any size
     first, done = np.empty(n), np.empty(n)
     replica = np.empty(n, np.int64)
@@ -155,22 +163,17 @@ def _chat(config: Config, p: Plan, traffic: Traffic, draws: np.ndarray, scratch:
     if f.replicas == 1:
         got = _chat_engine(p, arrival, prompt, output, parent, group, think, gend, groups, scratch)
         return None if got is None else _with_hits(got[0], traffic, got[1], got[2], True)
-    where = router.assign(f.router, f.replicas, draws)
-    parts = []
     cached = np.empty(n, np.int64)
-    for r in range(f.replicas):
-        ids = np.flatnonzero(where == r)
-        if not ids.size:
-            continue
+
+    def one(ids: np.ndarray) -> Outcome | None:
         got = _chat_engine(p, arrival[ids], prompt[ids], output[ids], parent[ids], group[ids], think[ids], gend, groups,
                            scratch)
-        if got is None:
-            return None
-        cached[ids] = got[2]
-        parts.append((ids, dataclasses.replace(got[0], runs=got[0].runs.copy())))  # the scratch is reused
-    merged = _merge(parts, n, p.k)
-    merged.replica[:] = where
-    return _with_hits(merged, traffic, arrival, cached, True)
+        if got is not None:
+            cached[ids] = got[2]
+        return None if got is None else got[0]
+
+    merged = _apart(router.assign(f.router, f.replicas, draws), f.replicas, p.k, one)
+    return None if merged is None else _with_hits(merged, traffic, arrival, cached, True)
 
 
 def _chat_engine(p: Plan, arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray, parent: np.ndarray,
