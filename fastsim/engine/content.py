@@ -119,14 +119,15 @@ def sessions(w: Workload, starts: np.ndarray, first_prompt: np.ndarray, output: 
 
 def chat_tree(c: Content, prompt: np.ndarray, output: np.ndarray) -> tuple[np.ndarray, np.ndarray, int] | None:
     """When requests share only system prompts (all of one length) and their session's turns
-    before them (the whole of each): each request's turn before (-1: none), its system prompt
-    (-1: none) and the system prompts' tokens; else (a trace's sharing) None."""
+    before them (the whole of each, which a later turn waits for): each request's turn before
+    (-1: none), its system prompt (-1: none) and the system prompts' tokens; else (a trace's
+    sharing, whose requests may run beside what they share) None."""
     n = prompt.size
     if c.hash_ids.size:
         return None
     parent, shared = c.parent[:n], c.shared[:n]
     index = np.arange(n)
-    turn = (parent >= 0) & (parent == index - 1)
+    turn = (c.turn > 1) & (parent == index - 1)
     system = (parent >= n) & (c.system_prompt >= 0)
     if not np.all(turn | system | (parent < 0)):
         return None

@@ -253,6 +253,22 @@ def test_recorded_content_matches_the_oracle(case):
     agree(*case)
 
 
+def test_a_recorded_child_beside_its_parent_is_not_a_session_turn():
+    """A conversation trace's row may share all of the row before it and still arrive while that
+    one runs (its time is recorded): it hits what the parent has computed so far, which only the
+    block-by-block loop follows (hypothesis found this; the chat kernel had taken it for a turn)."""
+    config = Config().with_values({
+        "hardware.peak_tflops": 50.0, "model.params_b": 8.0, "model.n_layers": 32, "model.attn_dim": 4096,
+        "model.hidden": 4096, "engine.max_batch": 2, "engine.block_tokens": 1, "engine.prefix_caching": True,
+        "engine.kv_cache_gb": 5 * 131072 / 1e9 * (1 + 1e-12), "workload.n_requests": 2})
+    none = shares.none(2)
+    content = shares.Content(np.array([-1, 0]), np.array([0, 4]), none.hash_start, none.hash_ids, 1, none.session,
+                             none.turn, none.system_prompt, none.think_s)
+    traffic = Traffic(np.zeros(2), np.array([2, 4]), np.array([2, 1]), content)
+    assert shares.chat_tree(content, traffic.prompt_tokens, traffic.output_tokens) is None
+    agree(config, traffic)
+
+
 def test_sessions_follow_the_rules():
     """Turn k+1's prompt is turn k's prompt + output + a follow-up; it shares all of turn k;
     turn 1 shares its system prompt; turns count toward n_requests; think times follow done."""
