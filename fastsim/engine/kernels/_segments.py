@@ -14,6 +14,9 @@ requests that hold it, or free in the segment of the last one that let go) and i
 turn's path (the segment of its release: nobody else shares it, since a session's turns run one
 after another), or after a preemption its own.
 
+The operations a kernel calls a few times an event (take, evict, release) are compiled apart, not
+inlined: the same speed (measured), and three seconds less for the chat kernel's first compile.
+
 Segments: rows of ``seg`` (OWNER: the request whose path it is, -1 when unused; A, F, B; PREV,
 NEXT in the queue), the queue's ends and a stack of unused rows in ``ends`` (HEAD, TAIL, UNUSED:
 how many, the rows in ``unused``). System prompts: rows of ``gst`` (HI, HOLDERS: running requests
@@ -24,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..._jit import inline
+from ..._jit import inline, jit
 
 OWNER, A, F, B, PREV, NEXT, SEG_FIELDS = range(7)
 HEAD, TAIL, UNUSED = range(3)
@@ -85,7 +88,7 @@ def _drop(seg, ends, unused, s):
     ends[UNUSED] += 1
 
 
-@inline
+@jit
 def take(seg, ends, unused, s, upto):
     """A hit takes segment ``s``'s positions below ``upto`` (content) out of the queue."""
     seg[s, A] = upto
@@ -93,7 +96,7 @@ def take(seg, ends, unused, s, upto):
         _drop(seg, ends, unused, s)
 
 
-@inline
+@jit
 def evict(seg, ends, unused, gst, grp, count):
     """Allocate ``count`` blocks from the queue's head (there are so many): each forgets its
     content, the first segment's deepest positions first; a system prompt whose blocks go loses
@@ -114,7 +117,7 @@ def evict(seg, ends, unused, gst, grp, count):
         count -= n
 
 
-@inline
+@jit
 def release(seg, ends, unused, gst, grp, gheld, sid, v, top, f, gend):
     """Request ``v`` lets go of the ``top`` blocks of its path, content in the first ``f``: those
     nobody else holds join the queue as its segment (its system prompt's stay while other

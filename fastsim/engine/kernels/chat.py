@@ -439,7 +439,7 @@ def _arrive(now, t_next, q_next, sp, nheap, qfirst, qlast, nwait, arrival, heap_
     return t_next, q_next, sp, nheap, qfirst, qlast, nwait
 
 
-@inline
+@jit
 def _turn_after(i, now, api_s, think, arrival, heap_t, heap_i, nheap):
     """Request ``i`` is done at ``now``: its session's next turn, if any, arrives after the API
     overhead and its think time."""
