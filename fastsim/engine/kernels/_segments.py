@@ -117,6 +117,16 @@ def evict(seg, ends, unused, gst, grp, count):
         count -= n
 
 
+@inline
+def settle(seg, ends, unused, gst, grp, owed):
+    """The ``owed`` blocks allocated since the queue was last read leave its head (a kernel
+    settles them before a hit reads the queue or a release appends to it: taken in the order they
+    were allocated, so evictions are as if made one by one); returns 0."""
+    if owed > 0:
+        evict(seg, ends, unused, gst, grp, owed)
+    return 0
+
+
 @jit
 def release(seg, ends, unused, gst, grp, gheld, sid, v, top, f, gend):
     """Request ``v`` lets go of the ``top`` blocks of its path, content in the first ``f``: those

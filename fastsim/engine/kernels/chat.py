@@ -8,17 +8,14 @@ prompt and its previous turn's path, allocations evict whole runs from the queue
 release appends one run. Arrivals are the drawn ones and the turns sessions release (a heap),
 taken in time order (ties: the lower index).
 
-Exact for the traffic it takes (no trace; the content tree of system prompts and sessions): the
-block-by-block loop and the oracle agree with it to the step. Two states would break the
-bookkeeping, and the scheduling rules keep both from arising: a request admitted while another
-still computes its system prompt's blocks (a prompt's chunk either completes them or takes the
-step's whole budget, so nobody is admitted behind it), and a hit cut short of a cached run by
-the one-token rule (a turn's prompt is longer than everything it shares). The kernel checks
-both and stops if one arises (the driver then runs :mod:`.prefix`'s loop).
+Exact for the traffic it takes (no trace; system prompts and sessions). Two states would break
+the bookkeeping; the scheduling rules keep both from arising, the kernel checks and stops (the
+driver then runs :mod:`.prefix`'s loop): a request admitted while another still computes its
+system prompt (a chunk either completes it or takes the step's whole budget), and a hit cut short
+of a cached run by the one-token rule (a turn's prompt is longer than all it shares).
 
-The phases follow :mod:`.continuous`'s one-engine path statement for statement where the cache
-plays no part; they are written out apart because the cache's operations sit inside each phase,
-and a shared phase would pass some twenty scalars of state in and out.
+The phases follow :mod:`.continuous`'s one-engine path where the cache plays no part; they are
+written out apart because the cache's operations sit inside each phase.
 """
 
 from __future__ import annotations
@@ -32,7 +29,7 @@ from ._bare import blocks_last, blocks_taken, mark, next_filled, occupancy, time
 from ._calendar import RING_MAX, extend_run, record
 from ._heap import pop, push
 from ._running import cal_file, cal_remove, cdiv, link_tail, unlink
-from ._segments import GSEG, HI, HOLDERS, alive, evict, release, take
+from ._segments import GSEG, HI, HOLDERS, alive, release, settle, take
 
 WORK_ROWS = 16
 STEPPED = 16  # as :mod:`.continuous`
@@ -128,6 +125,7 @@ def chat(arrival, prompt, output, parent, group, think, gend, limit, k, budget, 
     steps = busy = max_queue = preemptions = kv_sum = kv_peak = 0
     run_kv = run_pairs = run_nw = run_m = run_s = 0
     free = blocks
+    owed = 0  # blocks allocated but not yet taken from the queue's head: settled before it is read
     nruns = ngaps = 0
     now = 0.0
     t_next, q_next, sp = _next_arrival(arrival, sp, heap_t, heap_i, nheap)
@@ -168,6 +166,7 @@ def chat(arrival, prompt, output, parent, group, think, gend, limit, k, budget, 
                         bcount[0, phase[v]] -= 1
                         cal_remove(bucket, cnext, cprev, v)
                         last_t[v] = now
+                    owed = settle(seg, ends, unused, gst, group, owed)
                     free += release(seg, ends, unused, gst, group, gheld, sid, v, top, kept // bt, gend)
                     held[v] = 0
                     c[v] = 0
@@ -182,14 +181,14 @@ def chat(arrival, prompt, output, parent, group, think, gend, limit, k, budget, 
                         break
                 if gone:
                     break
-                evict(seg, ends, unused, gst, group, need)
+                owed += need
                 free -= need
                 if j == partial:
                     held[j] += need
                 j = rnext[j]
             left = budget - n_dec
         else:
-            evict(seg, ends, unused, gst, group, bcount[0, steps % bt] + pneed)
+            owed += bcount[0, steps % bt] + pneed
             free -= bcount[0, steps % bt] + pneed
             if partial >= 0:
                 held[partial] += pneed
@@ -209,6 +208,7 @@ def chat(arrival, prompt, output, parent, group, think, gend, limit, k, budget, 
             while running < limit and left > 0 and nwait > 0:
                 i = ptop if npre > 0 else qfirst
                 gi = group[i]
+                owed = settle(seg, ends, unused, gst, group, owed)  # the queue as of now: hits read it
                 h = free_hits = 0
                 s_g = s_p = -1  # the segments it hits: its system prompt's, its path's
                 if gi >= 0:
@@ -246,7 +246,7 @@ def chat(arrival, prompt, output, parent, group, think, gend, limit, k, budget, 
                 if s_p >= 0:
                     take(seg, ends, unused, s_p, h)
                 free -= free_hits
-                evict(seg, ends, unused, gst, group, new)
+                owed += new
                 free -= new
                 held[i] = h + new
                 if cached[i] < 0:
@@ -321,6 +321,7 @@ def chat(arrival, prompt, output, parent, group, think, gend, limit, k, budget, 
             n_dec -= 1
             sum_c -= ci
             bcount[0, phase[i]] -= 1
+            owed = settle(seg, ends, unused, gst, group, owed)
             free += release(seg, ends, unused, gst, group, gheld, sid, i, cdiv(ci, bt), ci // bt, gend)
             rhead, rtail = unlink(rprev, rnext, rhead, rtail, i)
             running -= 1
@@ -344,6 +345,7 @@ def chat(arrival, prompt, output, parent, group, think, gend, limit, k, budget, 
                 done[i] = now
                 rhead, rtail = unlink(rprev, rnext, rhead, rtail, i)
                 running -= 1
+                owed = settle(seg, ends, unused, gst, group, owed)
                 free += release(seg, ends, unused, gst, group, gheld, sid, i, held[i], c[i] // bt, gend)
                 held[i] = 0
                 nheap = _turn_after(i, now, api_s, think, arrival, heap_t, heap_i, nheap)
@@ -381,7 +383,7 @@ def chat(arrival, prompt, output, parent, group, think, gend, limit, k, budget, 
                 need = bcount[0, phase_now]
                 if need > free:
                     break
-                evict(seg, ends, unused, gst, group, need)
+                owed += need
                 free -= need
                 used += need
                 phase_now = phase_now + 1 if phase_now + 1 < bt else 0
@@ -406,7 +408,7 @@ def chat(arrival, prompt, output, parent, group, think, gend, limit, k, budget, 
             kv_sum += m * used
             taken, taken_sum = blocks_taken(bcount, 0, phase_now, bt, n_dec, m)
             kv_sum += taken_sum
-            evict(seg, ends, unused, gst, group, taken)
+            owed += taken
             free -= taken
             used += taken
             steps += m
