@@ -27,7 +27,7 @@ from ...model.cost import step_time, step_time_with, weights_time
 from . import _segments
 from ._bare import blocks_last, blocks_taken, mark, next_filled, occupancy, timed
 from ._calendar import RING_MAX, extend_run, record
-from ._heap import pop, push
+from ._arrivals import next_arrival, pop, turn_after
 from ._running import cal_file, cal_remove, cdiv, link_tail, unlink
 from ._segments import GSEG, HI, HOLDERS, alive, release, settle, take
 
@@ -47,21 +47,6 @@ def run(arrival, prompt, output, parent, group, think, gend, groups, limit, k, b
     *counters, stopped = chat(arrived, prompt, output, parent, group, think, gend, limit, k, budget, blocks, bt, api_s,
                               *_segments.start(blocks, groups), first, done, cached, runs, gaps, work)
     return None if stopped else (first, done, arrived, cached, counters)
-
-
-@inline
-def _next_arrival(arrival, sp, heap_t, heap_i, nheap):
-    """(time, request) of the next arrival: the given ones from ``sp`` (NaN: a later turn) or
-    the heap's first; (inf, -1) if none."""
-    n = arrival.size
-    while sp < n and arrival[sp] != arrival[sp]:
-        sp += 1
-    t, q = np.inf, -1
-    if sp < n:
-        t, q = arrival[sp], sp
-    if nheap > 0 and (heap_t[0] < t or (heap_t[0] == t and heap_i[0] < q)):
-        t, q = heap_t[0], heap_i[0]
-    return t, q, sp
 
 
 @jit
@@ -128,7 +113,7 @@ def chat(arrival, prompt, output, parent, group, think, gend, limit, k, budget, 
     owed = 0  # blocks allocated but not yet taken from the queue's head: settled before it is read
     nruns = ngaps = 0
     now = 0.0
-    t_next, q_next, sp = _next_arrival(arrival, sp, heap_t, heap_i, nheap)
+    t_next, q_next, sp = next_arrival(arrival, sp, heap_t, heap_i, nheap)
     while True:
         t_next, q_next, sp, nheap, qfirst, qlast, nwait = _arrive(
             now, t_next, q_next, sp, nheap, qfirst, qlast, nwait, arrival, heap_t, heap_i, qnext)
@@ -325,7 +310,7 @@ def chat(arrival, prompt, output, parent, group, think, gend, limit, k, budget, 
             free += release(seg, ends, unused, gst, group, gheld, sid, i, cdiv(ci, bt), ci // bt, gend)
             rhead, rtail = unlink(rprev, rnext, rhead, rtail, i)
             running -= 1
-            nheap = _turn_after(i, now, api_s, think, arrival, heap_t, heap_i, nheap)
+            nheap = turn_after(i, now, api_s, think, arrival, heap_t, heap_i, nheap)
         partial = -1
         for r in range(nrows):
             i = rows_i[r]
@@ -348,7 +333,7 @@ def chat(arrival, prompt, output, parent, group, think, gend, limit, k, budget, 
                 owed = settle(seg, ends, unused, gst, group, owed)
                 free += release(seg, ends, unused, gst, group, gheld, sid, i, held[i], c[i] // bt, gend)
                 held[i] = 0
-                nheap = _turn_after(i, now, api_s, think, arrival, heap_t, heap_i, nheap)
+                nheap = turn_after(i, now, api_s, think, arrival, heap_t, heap_i, nheap)
             else:
                 dbase[i] = steps
                 n_dec += 1
@@ -356,7 +341,7 @@ def chat(arrival, prompt, output, parent, group, think, gend, limit, k, budget, 
                 phase[i] = (steps - c[i]) % bt
                 bcount[0, phase[i]] += 1
                 mark(occ, cal_file(bucket, 0, ring, cnext, cprev, due, cursor, steps, i, output[i] - g[i]))
-        t_next, q_next, sp = _next_arrival(arrival, sp, heap_t, heap_i, nheap)
+        t_next, q_next, sp = next_arrival(arrival, sp, heap_t, heap_i, nheap)
         # 4. fast path: only decoders, nobody to admit, until the next arrival that would be
         # admitted, a completion or a step whose new blocks do not fit
         if partial >= 0 or n_dec == 0 or preempted:
@@ -437,17 +422,5 @@ def _arrive(now, t_next, q_next, sp, nheap, qfirst, qlast, nwait, arrival, heap_
         qfirst = qfirst if qlast >= 0 else q_next
         qlast = q_next
         nwait += 1
-        t_next, q_next, sp = _next_arrival(arrival, sp, heap_t, heap_i, nheap)
+        t_next, q_next, sp = next_arrival(arrival, sp, heap_t, heap_i, nheap)
     return t_next, q_next, sp, nheap, qfirst, qlast, nwait
-
-
-@jit
-def _turn_after(i, now, api_s, think, arrival, heap_t, heap_i, nheap):
-    """Request ``i`` is done at ``now``: its session's next turn, if any, arrives after the API
-    overhead and its think time."""
-    if i + 1 < arrival.size and think[i + 1] == think[i + 1]:
-        t = now + api_s + think[i + 1]
-        arrival[i + 1] = t
-        return push(heap_t, heap_i, nheap, t, i + 1)
-    return nheap
-

@@ -32,8 +32,8 @@ from ..router import LEAST_KV, PREFIX_AWARE, RANDOM, choose
 from . import _cache
 from ._cache import REF, allocate, fill, hit, release, unqueue
 from ._calendar import extend_run, totals
-from ._heap import pop, push
-from ._running import cdiv, join_queue, unlink
+from ._arrivals import next_arrival, pop, push, turn_after
+from ._running import cdiv, join_queue, link_tail, unlink
 
 # Per-request rows of ``req``.
 (G, C, HITS, TOP, OWN, SLACK, SLOT, RPREV, RNEXT, WNEXT, LAST_STEP, CACHED, REQ_ROWS) = range(13)
@@ -176,14 +176,7 @@ def cached_pool(arrival, prompt, output, parent, shared, hash_start, hash_ids, h
     sp = 0  # the next request whose arrival was given
     routed = routed_decode = 0
     while True:
-        while sp < n and arrival[sp] != arrival[sp]:
-            sp += 1
-        t_next = np.inf
-        q = -1
-        if sp < n:
-            t_next, q = arrival[sp], sp
-        if nheap > 0 and (heap_t[0] < t_next or (heap_t[0] == t_next and heap_i[0] < q)):
-            t_next, q = heap_t[0], heap_i[0]
+        t_next, q, sp = next_arrival(arrival, sp, heap_t, heap_i, nheap)
         rep = -1
         for r in range(replicas):
             if (st[r, RUNNING] > 0 or st[r, NWAIT] > 0) and (rep < 0 or now_r[r] < now_r[rep]):
@@ -272,14 +265,7 @@ def cached_pool(arrival, prompt, output, parent, shared, hash_start, hash_ids, h
                     if wnext[i] < 0:
                         st[rep, WTAIL] = -1
                     st[rep, NWAIT] -= 1
-                    t = st[rep, RTAIL]
-                    rprev[i] = t
-                    rnext[i] = -1
-                    if t >= 0:
-                        rnext[t] = i
-                    else:
-                        st[rep, RHEAD] = i
-                    st[rep, RTAIL] = i
+                    st[rep, RHEAD], st[rep, RTAIL] = link_tail(rprev, rnext, st[rep, RHEAD], st[rep, RTAIL], i)
                     st[rep, RUNNING] += 1
                     rows_i[nrows], rows_c[nrows], rows_n[nrows] = i, c0, take
                     nrows += 1
@@ -342,10 +328,7 @@ def cached_pool(arrival, prompt, output, parent, shared, hash_start, hash_ids, h
                     nsent += 1
                     continue
                 done[i] = now
-                if i + 1 < n and think[i + 1] == think[i + 1]:  # the session's next turn is released
-                    t = now + api_s + think[i + 1]
-                    arrival[i + 1] = t
-                    nheap = push(heap_t, heap_i, nheap, t, i + 1)
+                nheap = turn_after(i, now, api_s, think, arrival, heap_t, heap_i, nheap)
             for a in range(1, nsent):  # the link takes them in order of index
                 i = ended[a]
                 b = a

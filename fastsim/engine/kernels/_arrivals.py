@@ -1,0 +1,72 @@
+"""Arrivals that depend on the run, for the cache's kernels: the given ones (a trace's or the drawn
+ones; NaN for a session's later turn) and those a run releases (a session's next turn, a KV
+transfer), kept in a binary min-heap on (time, request) in two arrays; ties go to the lower
+request index."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..._jit import inline, jit
+
+
+@inline
+def push(heap_t, heap_i, size, t, i):
+    """Add (t, i) to the heap of ``size`` entries; returns its new size."""
+    j = size
+    while j > 0:
+        up = (j - 1) >> 1
+        if heap_t[up] < t or (heap_t[up] == t and heap_i[up] < i):
+            break
+        heap_t[j], heap_i[j] = heap_t[up], heap_i[up]
+        j = up
+    heap_t[j], heap_i[j] = t, i
+    return size + 1
+
+
+@inline
+def pop(heap_t, heap_i, size):
+    """Remove the first entry (``heap_t[0]``, ``heap_i[0]``); returns the new size."""
+    size -= 1
+    t, i = heap_t[size], heap_i[size]
+    j = 0
+    while True:
+        child = 2 * j + 1
+        if child >= size:
+            break
+        if child + 1 < size and (heap_t[child + 1] < heap_t[child] or (
+                heap_t[child + 1] == heap_t[child] and heap_i[child + 1] < heap_i[child])):
+            child += 1
+        if heap_t[child] > t or (heap_t[child] == t and heap_i[child] > i):
+            break
+        heap_t[j], heap_i[j] = heap_t[child], heap_i[child]
+        j = child
+    if size > 0:
+        heap_t[j], heap_i[j] = t, i
+    return size
+
+
+@inline
+def next_arrival(arrival, sp, heap_t, heap_i, nheap):
+    """(time, request, ``sp``) of the next arrival: the given ones from ``sp`` on (skipping the
+    NaN of later turns) or the heap's first; (inf, -1) if none."""
+    n = arrival.size
+    while sp < n and arrival[sp] != arrival[sp]:
+        sp += 1
+    t, q = np.inf, -1
+    if sp < n:
+        t, q = arrival[sp], sp
+    if nheap > 0 and (heap_t[0] < t or (heap_t[0] == t and heap_i[0] < q)):
+        t, q = heap_t[0], heap_i[0]
+    return t, q, sp
+
+
+@jit
+def turn_after(i, now, api_s, think, arrival, heap_t, heap_i, nheap):
+    """Request ``i`` is done at ``now`` (engine time): its session's next turn, if any, arrives
+    after the API overhead and its think time. Returns the heap's size."""
+    if i + 1 < arrival.size and think[i + 1] == think[i + 1]:
+        t = now + api_s + think[i + 1]
+        arrival[i + 1] = t
+        return push(heap_t, heap_i, nheap, t, i + 1)
+    return nheap
