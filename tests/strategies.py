@@ -86,7 +86,7 @@ def oracle_engine(c: Config, prefill: bool = False) -> oracle_serving.Engine:
         block_tokens=e.block_tokens, alloc=e.kv_alloc,
         prefix_blocks=0 if f.prefill_replicas and not prefill else w.prefix_tokens // e.block_tokens,
         max_output=1 if prefill else (w.output.value if w.output.dist == "fixed" else w.output.max), cost=cost,
-        api_s=cal.api_overhead_ms / 1000,
+        api_s=cal.api_overhead_ms / 1000, lookahead=e.async_scheduling and e.policy == "continuous",
     )
 
 
@@ -133,6 +133,7 @@ def serving_configs(draw) -> Config:
         "hardware.peak_tflops_fp8": draw(st.sampled_from([None, 1979.0])),
         "hardware.peak_tflops_fp4": draw(st.sampled_from([None, 9000.0])),
         "model.kv_lora_rank": draw(st.sampled_from([0, 0, 0, 512])),
+        "engine.async_scheduling": draw(st.booleans()),
     }
     if draw(st.booleans()):  # a mixture of experts: E routed, k picked, in some layers, maybe spread over tp
         experts = draw(st.sampled_from([2, 8, 128]))

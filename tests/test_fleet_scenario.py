@@ -38,8 +38,8 @@ def test_the_docs_fleet_table_is_todays_sweep(root, fleet):
 def test_disaggregation_pays_on_long_prompts_when_the_prefill_pool_keeps_up(fleet):
     long = fleet.sel(value=4000)
     colocated, split, starved = (long.sel(replicas=r, prefill_replicas=p) for r, p in ((4, 0), (1, 3), (2, 2)))
-    assert split.slo_attainment > 0.99 > 0.95 > colocated.slo_attainment > 0.8
-    assert split.tpot_p99_s < 0.45 * colocated.tpot_p99_s
-    assert starved.ttft_p50_s > 20  # the queue at too small a prefill pool
+    assert split.slo_attainment > 0.99 > colocated.slo_attainment > 0.8
+    assert split.tpot_p99_s < 0.5 * colocated.tpot_p99_s
+    assert starved.ttft_p50_s > 10  # the queue at too small a prefill pool (a fed one: under a second)
     short = fleet.sel(value=1000, replicas=4, prefill_replicas=0)
     assert short.slo_attainment > 0.999  # (jitter costs one request in two thousand its TPOT)

@@ -87,8 +87,8 @@ def _pool(p: Plan, name: str, replicas: int, arrival: np.ndarray, prompt: np.nda
     scratch = Scratch() if scratch is None else scratch
     counters, runs, gaps = with_room(n, scratch, False, lambda runs, gaps: continuous(
         arrival, prompt, output, replicas, how.code, draws.astype(np.int64), p.limit, p.k, p.budget,
-        blocks, p.block_tokens, p.kv_mode, p.prefix_blocks, p.max_output, token_1, first, done, replica, runs, gaps,
-        scratch.work(WORK_ROWS, n)))
+        blocks, p.block_tokens, p.kv_mode, p.prefix_blocks, p.max_output, p.lookahead, token_1, first, done, replica,
+        runs, gaps, scratch.work(WORK_ROWS, n)))
     return outcome(p, first, done, counters, runs, gaps, replica.astype(np.int32))
 
 
@@ -186,7 +186,7 @@ def _chat_engine(p: Plan, arrival: np.ndarray, prompt: np.ndarray, output: np.nd
 
     def call(runs: np.ndarray, gaps: np.ndarray) -> tuple:
         got[:] = [chat.run(arrival, prompt, output, parent, group, think, gend, groups, p.limit, p.k, p.budget, p.blocks,
-                           p.block_tokens, p.api_s, runs, gaps, scratch.work(chat.WORK_ROWS, n))]
+                           p.block_tokens, p.lookahead, p.api_s, runs, gaps, scratch.work(chat.WORK_ROWS, n))]
         return (0,) * 8 if got[0] is None else got[0][-1]
 
     counters, runs, gaps = with_room(n, scratch, False, call)
@@ -218,7 +218,7 @@ def _cached(config: Config, p: Plan, replicas: int, traffic: Traffic, output: np
         *got[:], counters = prefix.run(
             traffic.arrival_s, prompt, output, c.parent, c.shared, c.hash_start, c.hash_ids, c.hash_block, c.think_s,
             replicas, ROUTERS[f.router].code, draws.astype(np.int64), f.prefix_weight, p.limit, p.k, p.budget,
-            p.blocks, p.block_tokens, config.engine.prefix_caching, p.api_s, runs, gaps, pool)
+            p.blocks, p.block_tokens, config.engine.prefix_caching, p.lookahead, p.api_s, runs, gaps, pool)
         return counters
 
     counters, runs, gaps = with_room(n, scratch, False, call)

@@ -129,6 +129,7 @@ def is_lesson(config: Config, k: np.ndarray | None = None) -> bool:
         and config.engine.max_batched_tokens is None
         and config.workload.prefix_tokens == 0
         and config.calibration.api_overhead_ms == 0
+        and not (config.engine.async_scheduling and config.engine.policy == "continuous")
     )
 
 

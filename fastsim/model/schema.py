@@ -54,6 +54,10 @@ class Engine(Section):
         "the KV cache of a replica outright, overriding the memory rule (null: from memory)", "GB"))
     prefix_caching: bool = Field(False, **doc(
         "cache KV blocks by content and reuse them across requests (vLLM's automatic prefix caching)"))
+    async_scheduling: bool = Field(False, **doc(
+        "continuous batching: a step's batch is chosen while the step before it runs (vLLM's "
+        "--async-scheduling), so a request arriving at a busy engine joins the step after the next (static "
+        "and dynamic batching, which form a batch only on an idle engine, are unaffected)"))
 
     @field_validator("policy")
     @classmethod

@@ -85,7 +85,7 @@ def vllm_result(path, rate, lens, calibration=TRUTH, burstiness=1.0):
               "duration": 100.0, "completed": len(inputs), "input_lens": inputs, "output_lens": outputs,
               "mean_ttft_ms": 1.0}
     path.write_text(json.dumps(result))
-    run = read_vllm_json(path, load_config(BASE, {"model.preset": "llama-2-7b", "engine.tp": 1}))
+    run = read_vllm_json(path, load_config(BASE, {"model.preset": "llama-2-7b", "engine.tp": 1, **SYNC}))
     m = simulate(run.config.with_values(calibration), run.traffic).metrics
     for ours, theirs in (("ttft", "ttft"), ("tpot", "tpot"), ("itl", "itl"), ("e2e", "e2el")):
         if f"{ours}_mean_s" in m:
@@ -94,6 +94,12 @@ def vllm_result(path, rate, lens, calibration=TRUTH, burstiness=1.0):
         result[f"p99_{theirs}_ms"] = m[f"{ours}_p99_s"] * 1e3
     path.write_text(json.dumps(result))
     return m
+
+
+# The result-file tests run a synchronous engine (the earlier vLLM's). From configs/h100.yaml's
+# asynchronous start, the local search on these three runs stops in another basin (cost 0.05
+# against the truth's 0; docs/validation.md, "Calibration").
+SYNC = {"engine.async_scheduling": False}
 
 
 def lengths(seed, n=1200):
@@ -109,7 +115,7 @@ def test_vllm_bench_results_calibrate_and_predict_a_fourth_rate(tmp_path):
         vllm_result(files[-1], rate, lengths(i), burstiness=1.0 if i else 0.5)
     out = tmp_path / "fit.yaml"
     result = invoke("calibrate", BASE, *files, "--set", "model.preset=llama-2-7b", "--set", "engine.tp=1",
-                    "--out", out, "--json")
+                    "--set", "engine.async_scheduling=false", "--out", out, "--json")
     assert result.exit_code == 0, result.output
     fit = json.loads(result.stdout)
     for run in fit["runs"]:

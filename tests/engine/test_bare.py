@@ -109,7 +109,8 @@ def long_run_configs(draw) -> Config:
          "workload.seed": draw(st.integers(0, 2**32)),
          "workload.rng": "numpy",
          "workload.prefix_tokens": draw(st.sampled_from([0, 64])),
-         "calibration.compute_efficiency": draw(st.sampled_from([1.0, 0.01]))}  # 0.01: compute-bound
+         "calibration.compute_efficiency": draw(st.sampled_from([1.0, 0.01])),  # 0.01: compute-bound
+         "engine.async_scheduling": draw(st.booleans())}
     if draw(st.booleans()):  # from just enough for the longest request to a few of them
         tokens = draw(st.integers(600, 2400))
         v["engine.kv_cache_gb"] = math.ceil(tokens / v["engine.block_tokens"]) * v["engine.block_tokens"] * \

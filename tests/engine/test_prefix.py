@@ -57,6 +57,7 @@ def prefix_configs(draw) -> Config:
         "model.hidden": 4096,
         "calibration.step_overhead_ms": draw(st.sampled_from([0.0, 1.5])),
         "calibration.api_overhead_ms": draw(st.sampled_from([0.0, 20.0])),
+        "engine.async_scheduling": draw(st.booleans()),
     }
     if draw(st.booleans()):
         v["engine.max_batched_tokens"] = draw(st.integers(limit, 200))
@@ -243,7 +244,7 @@ def recorded(draw):
         "engine.kv_cache_gb": math.ceil(tokens / bt) * bt * 131072 / 1e9 * (1 + 1e-12),
         "fleet.replicas": draw(st.integers(1, 3)), "fleet.router": router, "model.params_b": 8.0,
         "hardware.peak_tflops": 50.0, "model.n_layers": 32, "model.attn_dim": 4096, "model.hidden": 4096,
-        "workload.n_requests": n})
+        "workload.n_requests": n, "engine.async_scheduling": draw(st.booleans())})
     return config, Traffic(arrival, prompt, output, c)
 
 
@@ -330,16 +331,17 @@ def test_decode_replicas_behind_prefix_aware_routing_go_by_kv_blocks(sessions):
 
 def test_the_chat_fleet_figures_of_the_docs(root):
     """docs/model/prefix-cache.md's table (configs/chat-fleet.yaml on 4 replicas near saturation):
-    prefix-aware routing hits more and keeps TTFT p99 below round robin's; without the cache the
-    fleet falls behind."""
+    prefix-aware routing hits more and lowers the median TTFT; the tail is the engine's stalls,
+    the same under every router; without the cache the fleet falls behind."""
     base = load_config(root / "configs/chat-fleet.yaml")
     got = {}
     for cache, router in [(False, "round_robin"), (True, "round_robin"), (True, "prefix_aware")]:
         got[cache, router] = simulate(base.with_values({"engine.prefix_caching": cache, "fleet.router": router})).metrics
     rr, pa, off = got[True, "round_robin"], got[True, "prefix_aware"], got[False, "round_robin"]
-    assert pa["prefix_hit_rate"] > rr["prefix_hit_rate"] and pa["ttft_p99_s"] < rr["ttft_p99_s"]
-    table = [(off, math.nan, 3.02, 19.1, 984, 0.405), (rr, 0.408, 0.066, 1.69, 42, 0.970),
-             (pa, 0.674, 0.054, 0.235, 0, 1.0)]
+    assert pa["prefix_hit_rate"] > rr["prefix_hit_rate"] and pa["ttft_p50_s"] < rr["ttft_p50_s"]
+    assert math.isclose(pa["ttft_p99_s"], rr["ttft_p99_s"], rel_tol=0.02)
+    table = [(off, math.nan, 2.62, 13.4, 988, 0.411), (rr, 0.41, 0.0798, 0.250, 6, 0.996),
+             (pa, 0.676, 0.0649, 0.253, 0, 1.0)]
     for m, hit, p50, p99, preemptions, slo in table:
         assert math.isnan(hit) and math.isnan(m["prefix_hit_rate"]) or round(m["prefix_hit_rate"], 3) == hit
         assert math.isclose(m["ttft_p50_s"], p50, rel_tol=0.01) and math.isclose(m["ttft_p99_s"], p99, rel_tol=0.01)
@@ -351,8 +353,8 @@ def test_the_chat_fleet_behind_a_prefill_pool_of_the_docs(root):
     replicas; at weight 64 prefix-aware routing sends nearly every prompt to one prefill replica."""
     base = load_config(root / "configs/chat-fleet.yaml").with_values({"fleet.prefill_replicas": 3,
                                                                       "fleet.replicas": 3})
-    table = [("least_outstanding", 64, 0.410, 0.204, 0.160, 389, 0.814),
-             ("prefix_aware", 64, 0.351, 50.8, 0.0138, 0, 0.113), ("prefix_aware", 1, 0.538, 0.193, 0.203, 366, 0.854)]
+    table = [("least_outstanding", 64, 0.406, 0.188, 0.150, 409, 0.834),
+             ("prefix_aware", 64, 0.352, 48.8, 0.0142, 0, 0.117), ("prefix_aware", 1, 0.541, 0.172, 0.1695, 316, 0.87)]
     for router, weight, hit, ttft, tpot, preemptions, slo in table:
         r = simulate(base.with_values({"fleet.router": router, "fleet.prefix_weight": weight}))
         m = r.metrics
@@ -368,13 +370,13 @@ def test_the_sample_traces_replay_with_their_hit_rates(root):
     as hash ids (system prompts visible) and as parent links (only the conversation)."""
     base = load_config(root / "configs/chat-traces.yaml")
     traces = root / "configs/traces"
-    want = {"chat-sample.jsonl": (0.741, 0.08), "chat-sample.csv": (0.377, 0.32)}
+    want = {"chat-sample.jsonl": (0.741, 0.09), "chat-sample.csv": (0.375, 0.27)}
     for name, (hit, p99) in want.items():
         on = simulate(base.with_values({"workload.trace": str(traces / name), "workload.rate": 8})).metrics
         assert round(on["prefix_hit_rate"], 3) == hit and round(on["ttft_p99_s"], 2) == p99
         off = simulate(base.with_values({"workload.trace": str(traces / name), "workload.rate": 8,
                                          "engine.prefix_caching": False})).metrics
-        assert round(off["ttft_p99_s"], 2) == 0.35 and math.isnan(off["prefix_hit_rate"])
+        assert round(off["ttft_p99_s"], 2) == 0.29 and math.isnan(off["prefix_hit_rate"])
 
 
 def test_requests_out_carries_cached_tokens_sessions_and_system_prompts(root, tmp_path):

@@ -162,3 +162,21 @@ def test_throughput_never_exceeds_the_rooflines(rate):
     assert tokens * k[cost.T_TOKEN] <= span  # compute roofline
     assert r.metrics["steps"] * k[cost.T_WEIGHTS] <= span  # every step reads the weights
     assert r.metrics["throughput_tok_s"] <= r.metrics["steps"] * config.engine.limit / span
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_async_scheduling_admits_a_request_arriving_at_a_busy_engine_one_step_later(async_scheduling):
+    """Steps of 10 ms (overhead only). Request 0 decodes from t = 0; request 1 arrives at 15 ms,
+    during the step [10, 20) ms. Synchronously it joins the step at 20 ms (first token at 30 ms);
+    with async scheduling that step's batch was chosen at 10 ms, so it joins the step at 30 ms
+    (first token at 40 ms). Request 2 reaches an idle engine at 1 s and starts at once."""
+    from fastsim.engine.traffic import Traffic
+
+    config = Config().with_values({"model.weight_gb": 1e-9, "model.kv_bytes_per_token": 1e-9,
+                                   "calibration.step_overhead_ms": 10.0, "engine.max_batched_tokens": 64,
+                                   "engine.async_scheduling": async_scheduling})
+    traffic = Traffic(np.array([0.0, 0.015, 1.0]), np.array([4, 4, 4], np.int64), np.array([20, 2, 2], np.int64))
+    out = kernels.run(config, traffic)
+    lag = 0.01 if async_scheduling else 0.0
+    assert out.first_token_s == pytest.approx([0.01, 0.03 + lag, 1.01], rel=1e-6)
+    assert out.done_s[1] == pytest.approx(0.04 + lag, rel=1e-6)

@@ -54,13 +54,16 @@ class CachedReplica:
         self.last_emit, self.last_emit_time = {}, {}
         self.first_token, self.done, self.cached = {}, {}, {}
         self.now, self.steps, self.busy, self.max_queue, self.preemptions = 0.0, 0, 0, 0, 0
+        self.began = -math.inf  # when the last step started
+        self.joined_at = {}
         self.kv_used, self.gaps = [], []
         self.waiting, self.running = [], []
 
-    def join(self, i, token_1=None):
-        """Request ``i`` joins the queue; on a decode replica with its prompt's KV and its first
-        token, emitted at ``token_1``."""
+    def join(self, i, at, token_1=None):
+        """Request ``i`` joins the queue at time ``at``; on a decode replica with its prompt's KV
+        and its first token, emitted at ``token_1``."""
         self.waiting.append(i)
+        self.joined_at[i] = at
         self.g[i], self.c[i], self.blocks[i] = 0, 0, []
         self.last_emit[i] = None
         if token_1 is not None:
@@ -139,8 +142,11 @@ class CachedReplica:
             budget -= take
             pos += 1
         if not preempted:
+            seen = self.began if e.lookahead and running else self.now  # async scheduling (see serving.py)
             while waiting and len(running) < e.limit and budget > 0:
                 i = waiting[0]
+                if self.joined_at[i] > seen:
+                    break
                 h = self.hit(i, g[i])
                 hits = [self.where[self.s.key(i, j)] for j in range(h)]
                 c0 = max(h * B, c[i])  # (a decode replica's request arrives with its prompt computed)
@@ -170,6 +176,7 @@ class CachedReplica:
         A = sum(t * (2 * c0 + t + 1) // 2 for _, c0, t in rows)
         S = sum(1 for i, c0, t in rows if c0 + t == prompt[i] + g[i])
         d = e.cost(N, C, A, S)
+        self.began = self.now
         self.now += d
         self.steps += 1
         self.kv_used.append(self.in_use())
@@ -290,7 +297,7 @@ def simulate(arrival, prompt, output, content, e: Engine, caching=True, replicas
         rep = reps[k]
         if not rep.has_work():
             rep.now = max(rep.now, t)
-        rep.join(q, token_1)
+        rep.join(q, t, token_1)
     return dict(arrival=arrived, first_token=first, done=done, replica=where, prefill_replica=prefill_of,
                 cached=[reps[prefill_of[i] if npre else where[i]].cached[i] for i in range(n)],
                 steps=sum(x.steps for x in reps), busy=sum(x.busy for x in reps),

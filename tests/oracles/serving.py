@@ -29,6 +29,7 @@ class Engine:
     max_output: int  # the longest output the workload can produce
     cost: StepCost  # what a step takes
     api_s: float
+    lookahead: bool = False  # async scheduling: while a step runs, the next one's batch is already fixed
 
 
 @dataclass
@@ -76,6 +77,8 @@ class Replica:
         self.first_token, self.done = {}, {}
         self.free = None if e.blocks is None else e.blocks - e.prefix_blocks
         self.now, self.steps, self.busy, self.max_queue, self.preemptions = 0.0, 0, 0, 0, 0
+        self.began = -math.inf  # when the last step started
+        self.joined_at = {}
         self.kv_used, self.gaps = [], []
         self.waiting: list[int] = []
         self.running: list[int] = []
@@ -84,6 +87,7 @@ class Replica:
         """Request ``i`` joins the queue; with ``token_1_at`` it arrives with its prompt's KV
         computed and its first token emitted then (a decode replica: c = p, g = 1)."""
         self.waiting.append(i)
+        self.joined_at[i] = self.arrival[i]
         self.g[i], self.c[i], self.held[i] = 0, 0, 0
         self.last_emit[i] = None
         if token_1_at is not None:
@@ -142,8 +146,13 @@ class Replica:
                 budget -= take
                 pos += 1
             if not preempted:
+                # async scheduling: this step's batch was chosen when the last step started, so a
+                # request that arrived after that waits, unless nothing runs (an idle engine)
+                seen = self.began if e.lookahead and running else self.now
                 while waiting and len(running) < e.limit and budget > 0:
                     i = waiting[0]
+                    if self.joined_at[i] > seen:
+                        break
                     c[i] = max(c[i], cached)  # a warm prefix, or a prompt whose KV arrived whole
                     take = min(prompt[i] + g[i] - c[i], budget)
                     if self.free is not None:
@@ -188,6 +197,7 @@ class Replica:
         A = sum(t * (2 * c0 + t + 1) // 2 for _, c0, t in rows)
         S = sum(1 for i, c0, t in rows if i not in self.done and c0 + t == prompt[i] + g[i])  # rows that emit
         d = e.cost(N, C, A, S)
+        self.began = self.now
         self.now += d
         self.steps += 1
         now = self.now

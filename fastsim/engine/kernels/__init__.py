@@ -57,13 +57,14 @@ class Plan:
     kv_mode: int  # PAGED, RESERVE or REHIT (:mod:`.continuous`)
     prefix_blocks: int
     max_output: int
+    lookahead: bool  # async scheduling (:func:`.continuous.continuous`)
     api_s: float
 
     @property
     def numbers(self) -> tuple:
         """What every one-engine kernel takes of the plan (:mod:`.one_engine`)."""
         return (self.limit, self.window_s, self.k, self.budget, self.blocks, self.block_tokens, self.kv_mode,
-                self.prefix_blocks, self.max_output)
+                self.prefix_blocks, self.max_output, self.lookahead)
 
     @classmethod
     def of(cls, config: Config, max_output: int | None = None, prefix: bool = True) -> Plan:
@@ -102,6 +103,7 @@ class Plan:
             kv_mode=RESERVE if e.kv_alloc == "reserve" else REHIT if e.prefix_caching and prefix else PAGED,
             prefix_blocks=cost.prefix_blocks(config) if prefix else 0,
             max_output=max_output,
+            lookahead=e.async_scheduling,
             api_s=config.calibration.api_overhead_ms / 1000,
         )
 

@@ -36,22 +36,22 @@ STEPPED = 16  # as :mod:`.continuous`
 SHORTEST = 12
 
 
-def run(arrival, prompt, output, parent, group, think, gend, groups, limit, k, budget, blocks, bt, api_s, runs, gaps,
-        work):
+def run(arrival, prompt, output, parent, group, think, gend, groups, limit, k, budget, blocks, bt, lookahead, api_s,
+        runs, gaps, work):
     """Allocate the cache and run :func:`chat`. Returns (first token, done, arrival, cached
     tokens, counters as :class:`~fastsim.engine.kernels.Counters` takes them), or None when the
     kernel stopped (see the module)."""
     n = arrival.size
     first, done, arrived = np.empty(n), np.empty(n), arrival.copy()
     cached = np.full(n, -1, np.int64)
-    *counters, stopped = chat(arrived, prompt, output, parent, group, think, gend, limit, k, budget, blocks, bt, api_s,
-                              *_segments.start(blocks, groups), first, done, cached, runs, gaps, work)
+    *counters, stopped = chat(arrived, prompt, output, parent, group, think, gend, limit, k, budget, blocks, bt,
+                              lookahead, api_s, *_segments.start(blocks, groups), first, done, cached, runs, gaps, work)
     return None if stopped else (first, done, arrived, cached, counters)
 
 
 @jit
-def chat(arrival, prompt, output, parent, group, think, gend, limit, k, budget, blocks, bt, api_s, seg, ends, unused,
-         gst, first_token, done, cached, runs, gaps, work):
+def chat(arrival, prompt, output, parent, group, think, gend, limit, k, budget, blocks, bt, lookahead, api_s, seg, ends,
+         unused, gst, first_token, done, cached, runs, gaps, work):
     """Continuous batching with a prefix cache of ``blocks`` blocks on one engine.
 
     Parameters
@@ -62,6 +62,7 @@ def chat(arrival, prompt, output, parent, group, think, gend, limit, k, budget, 
     parent : int64 (n,)    a later turn's turn before (its whole path is this one's first), or -1
     group : int64 (n,)    the system prompt, whose first ``gend`` blocks are cached content, or -1
     think : float64 (n,)    a later turn's think time (s), NaN otherwise
+    lookahead : bool    async scheduling (as :func:`fastsim.engine.kernels.continuous.continuous`'s)
     seg, ends, unused, gst    the cache (:func:`fastsim.engine.kernels._segments.start`)
     first_token, done : float64 (n,)    filled (engine times); ``cached`` (int64, -1s) each
         request's hit at its first admission (tokens)
@@ -113,6 +114,7 @@ def chat(arrival, prompt, output, parent, group, think, gend, limit, k, budget, 
     owed = 0  # blocks allocated but not yet taken from the queue's head: settled before it is read
     nruns = ngaps = 0
     now = 0.0
+    began = -np.inf  # when the last step started
     t_next, q_next, sp = next_arrival(arrival, sp, heap_t, heap_i, nheap)
     while True:
         t_next, q_next, sp, nheap, qfirst, qlast, nwait = _arrive(
@@ -190,8 +192,11 @@ def chat(arrival, prompt, output, parent, group, think, gend, limit, k, budget, 
                 gst[gi, HI] = max(gst[gi, HI], min(gend, (c[partial] + ptake) // bt))
         # 2. admission, only when nobody was preempted; the head of the queue blocks it
         if not preempted:
+            seen = began if lookahead and running > 0 else now  # arrivals the batch can hold
             while running < limit and left > 0 and nwait > 0:
                 i = ptop if npre > 0 else qfirst
+                if npre == 0 and arrival[i] > seen:
+                    break
                 gi = group[i]
                 owed = settle(seg, ends, unused, gst, group, owed)  # the queue as of now: hits read it
                 h = free_hits = 0
@@ -278,6 +283,7 @@ def chat(arrival, prompt, output, parent, group, think, gend, limit, k, budget, 
         d = step_time(k, n_tok, kv_tok, pairs, sampled)
         nruns, run_kv, run_pairs, run_nw, run_m, run_s = extend_run(
             runs, nruns, run_kv, run_pairs, run_nw, run_m, run_s, n_tok, kv_tok, pairs, 1, n_dec, sampled)
+        began = now
         now += d
         steps += 1
         busy += n_dec
@@ -373,6 +379,7 @@ def chat(arrival, prompt, output, parent, group, think, gend, limit, k, budget, 
                 used += need
                 phase_now = phase_now + 1 if phase_now + 1 < bt else 0
                 kv_sum += used
+                began = now
                 now += step_time_with(k, weights, n_dec, sum_c + n_dec, sum_c + n_dec, n_dec)
                 steps += 1
                 busy += n_dec
@@ -396,6 +403,7 @@ def chat(arrival, prompt, output, parent, group, think, gend, limit, k, budget, 
             owed += taken
             free -= taken
             used += taken
+            began = now - step_time_with(k, weights, n_dec, sum_c + m * n_dec, sum_c + m * n_dec, n_dec)  # the last's
             steps += m
             busy += m * n_dec
             sum_c += m * n_dec

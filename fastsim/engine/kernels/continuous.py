@@ -59,7 +59,7 @@ PAGED, RESERVE, REHIT = range(3)  # KV allocation: paged; reserved at admission;
 
 @jit
 def continuous(arrival, prompt, output, replicas, code, routes, limit, k, budget, blocks, bt, kv_mode, pb, o_max,
-               token_1, first_token, done, replica, runs, gaps, work):
+               lookahead, token_1, first_token, done, replica, runs, gaps, work):
     """Continuous batching on one engine, or on ``replicas`` replicas behind router ``code``.
 
     Parameters
@@ -80,6 +80,8 @@ def continuous(arrival, prompt, output, replicas, code, routes, limit, k, budget
         preempted request finds again those of its blocks not yet evicted (:func:`._running.own_hit`)
     pb : int    blocks pinned by the shared prefix (every admission starts with pb * bt tokens)
     o_max : int    the longest output the workload can produce
+    lookahead : bool    async scheduling: while anything runs, the queue's head (not a preempted
+        request) is admitted only if it arrived by the start of the step before
     token_1 : float64 (n,) or (0,)    a decode replica's requests: each arrives with its
         prompt's KV (c = p) and its first token emitted at ``token_1[i]`` (g = 1); empty:
         requests arrive with nothing computed
@@ -138,6 +140,7 @@ def continuous(arrival, prompt, output, replicas, code, routes, limit, k, budget
         st[rep, QFIRST] = -1 if routed else 0
         st[rep, FREE] = blocks - pb if limited else 0
     now_r = np.zeros(replicas)
+    began_r = np.full(replicas, -np.inf)  # when each replica's last step started (lookahead)
     outstanding = np.zeros(replicas, np.int64)  # routed to each replica, not yet done
     used_blocks = np.full(replicas, pb if limited else 0, np.int64)  # KV blocks in use on each replica
     rows_i = np.empty(min(limit, n) + 1, np.int64)  # a step's prefill rows (at most every request)
@@ -151,6 +154,7 @@ def continuous(arrival, prompt, output, replicas, code, routes, limit, k, budget
         until = arrival[q] if routed and q < n else np.inf
         for rep in range(replicas):  # run every step that starts before ``until``
             now = now_r[rep]
+            began = began_r[rep]
             if now >= until or (st[rep, RUNNING] == 0 and st[rep, NWAIT] == 0 and head == timed_end):
                 continue
             base = rep * stride
@@ -239,8 +243,11 @@ def continuous(arrival, prompt, output, replicas, code, routes, limit, k, budget
                     sampled += ptake == prompt[partial] + g[partial] - c[partial]
                 # 2. admission, only when nobody was preempted; the head of the queue blocks it
                 if not preempted:
+                    seen = began if lookahead and running > 0 else now  # arrivals the batch can hold
                     while running < limit and left > 0 and nwait > 0:
                         i = ptop if npre > 0 else qfirst
+                        if npre == 0 and arrival[i] > seen:
+                            break
                         ci = max(c[i], cached)  # a warm prefix, or a prompt whose KV arrived whole
                         if rehit and npre > 0:
                             ci = own_hit(phase[i], dbase[i], blocks + net - free, bt)
@@ -293,6 +300,7 @@ def continuous(arrival, prompt, output, replicas, code, routes, limit, k, budget
                 d = step_time(k, n_tok, kv_tok, pairs, sampled)
                 nruns, run_kv, run_pairs, run_nw, run_m, run_s = extend_run(
                     runs, nruns, run_kv, run_pairs, run_nw, run_m, run_s, n_tok, kv_tok, pairs, 1, n_dec, sampled)
+                began = now
                 now += d
                 steps += 1
                 busy += n_dec
@@ -392,6 +400,7 @@ def continuous(arrival, prompt, output, replicas, code, routes, limit, k, budget
                             used += need
                             phase_now = phase_now + 1 if phase_now + 1 < bt else 0
                         kv_sum += used
+                        began = now
                         now += step_time_with(k, weights, n_dec, sum_c + n_dec, sum_c + n_dec, n_dec)
                         steps += 1
                         busy += n_dec
@@ -417,6 +426,8 @@ def continuous(arrival, prompt, output, replicas, code, routes, limit, k, budget
                         kv_sum += taken_sum
                         free -= taken
                         used += taken
+                    # the run's last step began one bare step's time before its end
+                    began = now - step_time_with(k, weights, n_dec, sum_c + m * n_dec, sum_c + m * n_dec, n_dec)
                     steps += m
                     busy += m * n_dec
                     sum_c += m * n_dec
@@ -425,7 +436,7 @@ def continuous(arrival, prompt, output, replicas, code, routes, limit, k, budget
                 kv_peak = max(kv_peak, used)
                 nruns, run_kv, run_pairs, run_nw, run_m, run_s = extend_run(
                     runs, nruns, run_kv, run_pairs, run_nw, run_m, run_s, n_dec, kv0, kv0, steps - steps0, n_dec, n_dec)
-            now_r[rep] = now
+            now_r[rep], began_r[rep] = now, began
             st[rep, RHEAD], st[rep, RTAIL], st[rep, RUNNING] = rhead, rtail, running
             st[rep, CURSOR], st[rep, N_DEC], st[rep, SUM_C] = cursor, n_dec, sum_c
             st[rep, PARTIAL], st[rep, PTOP], st[rep, NPRE] = partial, ptop, npre

@@ -7,7 +7,7 @@ small runs (:mod:`fastsim.analysis.batch`):
             peak KV blocks in use, number of runs, number of gaps)
 
 ``plan`` is :attr:`fastsim.engine.kernels.Plan.numbers`: (limit, window_s, k, budget, blocks,
-block_tokens, reserve, prefix_blocks, max_output). The lesson's kernels ignore what they do not
+block_tokens, kv_mode, prefix_blocks, max_output, lookahead). The lesson's kernels ignore what they do not
 model (and a decode replica's ``token_1``: they are never given one).
 """
 
@@ -47,7 +47,7 @@ def lesson_batched(arrival, prompt, output, plan, token_1, first_token, done, ru
 def serving_continuous(arrival, prompt, output, plan, token_1, first_token, done, runs, gaps, work):
     unrouted = np.empty(0, np.int64)  # one engine: no router's draws in, no replicas out
     return continuous(arrival, prompt, output, ONE, UNROUTED, unrouted, plan[0], plan[2], plan[3], plan[4], plan[5],
-                      plan[6], plan[7], plan[8], token_1, first_token, done, unrouted, runs, gaps, work)
+                      plan[6], plan[7], plan[8], plan[9], token_1, first_token, done, unrouted, runs, gaps, work)
 
 
 @jit

@@ -66,7 +66,8 @@ class PrefillPool:
 
 
 def run(arrival, prompt, output, parent, shared, hash_start, hash_ids, hash_block, think, replicas, code, routes,
-        weight, limit, k, budget, blocks, bt, caching, api_s, runs, gaps, prefill: PrefillPool | None = None):
+        weight, limit, k, budget, blocks, bt, caching, lookahead, api_s, runs, gaps,
+        prefill: PrefillPool | None = None):
     """Allocate the state and run :func:`cached_pool` (``routes``: the random router's replica per
     routed request; behind a ``prefill`` pool, per request). Returns (first token, done, arrival,
     replica, prefill replica, cached tokens, the prefill pool's counters and the others' as
@@ -93,7 +94,7 @@ def run(arrival, prompt, output, parent, shared, hash_start, hash_ids, hash_bloc
                np.empty(count * stride, np.int64), slots)
     *counters, ngaps = cached_pool(
         arrived, prompt, output, parent, shared, hash_start, hash_ids, hash_block, think, replicas, code, routes, weight,
-        limit, k, budget, blocks, bt, caching, api_s, pre.replicas, pre.k, pre.budget, pre.blocks, pre.link_s,
+        limit, k, budget, blocks, bt, caching, lookahead, api_s, pre.replicas, pre.k, pre.budget, pre.blocks, pre.link_s,
         pre.routes, stride, req, *cache, *scratch, first, done, replica, pre_replica, runs, gaps)
     pre_counters, counters = counters[:7], counters[7:]
     return (first, done, arrived, replica, pre_replica, req[CACHED, :n].copy(), (*pre_counters, 0),
@@ -114,7 +115,7 @@ def _depth(parent):
 
 @jit
 def cached_pool(arrival, prompt, output, parent, shared, hash_start, hash_ids, hash_block, think, replicas, code,
-                routes, weight, limit, k, budget, blocks, bt, caching, api_s, npre, k_pre, budget_pre, blocks_pre,
+                routes, weight, limit, k, budget, blocks, bt, caching, lookahead, api_s, npre, k_pre, budget_pre, blocks_pre,
                 link_s, pre_routes, stride, req, blk, ends, tab, cnode, clo, found, held, slots, first_token, done,
                 replica, pre_replica, runs, gaps):
     """Continuous batching with a prefix cache on ``replicas`` replicas of ``blocks`` blocks,
@@ -131,6 +132,7 @@ def cached_pool(arrival, prompt, output, parent, shared, hash_start, hash_ids, h
     code : int    the router; ``routes`` the random router's draws (per routed request, or behind
         a prefill pool per request); ``weight`` prefix_aware's
     caching : bool    blocks are cached by content (else only counted; on decode replicas always)
+    lookahead : bool    async scheduling (as :func:`fastsim.engine.kernels.continuous.continuous`'s)
     npre, k_pre, budget_pre, blocks_pre    the prefill replicas, their step-time coefficients,
         token budget and KV blocks (:class:`PrefillPool`; unused without them)
     link_s : float64 (n,)    each request's KV transfer time; ``pre_routes`` the prefill pool's draws
@@ -161,6 +163,8 @@ def cached_pool(arrival, prompt, output, parent, shared, hash_start, hash_ids, h
         st[r, RHEAD] = st[r, RTAIL] = st[r, WHEAD] = st[r, WTAIL] = -1
         st[r, FREE] = blocks_pre if r < npre else blocks
     now_r = np.zeros(replicas)
+    began_r = np.full(replicas, -np.inf)  # when each replica's last step started
+    joined = np.empty(n)  # when each request joined its replica's queue
     outstanding = np.zeros(replicas, np.int64)  # routed to each replica, not yet done
     in_use = np.zeros(replicas, np.int64)  # KV blocks in use on each, at a routing instant
     heap_t = np.empty(n)  # released turns and KV arrivals: a binary heap on (time, request)
@@ -227,8 +231,11 @@ def cached_pool(arrival, prompt, output, parent, shared, hash_start, hash_ids, h
                 left -= take
                 j = rnext[j]
             if not preempted:  # 2. admission from the front of the queue
+                seen = began_r[rep] if lookahead and st[rep, RUNNING] > 0 else now_r[rep]
                 while st[rep, RUNNING] < limit and left > 0 and st[rep, NWAIT] > 0:
                     i = st[rep, WHEAD]
+                    if joined[i] > seen:
+                        break  # (async scheduling: it came after this step's batch was chosen)
                     h = free_hits = 0
                     if cache_r:
                         h, free_hits = hit(i, g[i], tb, mask, bt, prompt, parent, shared, hash_start, hash_ids,
@@ -285,6 +292,7 @@ def cached_pool(arrival, prompt, output, parent, shared, hash_start, hash_ids, h
             used = blocks_r - free
             st[rep, KV_SUM] += used
             st[rep, KV_PEAK] = max(st[rep, KV_PEAK], used)
+            began_r[rep] = now_r[rep]
             now = now_r[rep] + step_time(kr, n_tok, kv_tok, pairs, sampled)
             now_r[rep] = now
             steps = st[rep, STEPS] + 1
@@ -382,6 +390,7 @@ def cached_pool(arrival, prompt, output, parent, shared, hash_start, hash_ids, h
         outstanding[to] += 1
         if st[to, RUNNING] == 0 and st[to, NWAIT] == 0:
             now_r[to] = max(now_r[to], t_next)
+        joined[q] = t_next
         join_queue(st, wnext, to, q, WHEAD, WTAIL, NWAIT)
     pre = totals(st[:npre], runs, nruns, STEPS, RUN_KV)
     steps, busy, max_queue, preemptions, kv_sum, kv_peak, nruns = totals(st[npre:], runs, pre[-1], STEPS, RUN_KV)
