@@ -379,7 +379,6 @@ def chat(arrival, prompt, output, parent, group, think, gend, limit, k, budget, 
                 used += need
                 phase_now = phase_now + 1 if phase_now + 1 < bt else 0
                 kv_sum += used
-                began = now
                 now += step_time_with(k, weights, n_dec, sum_c + n_dec, sum_c + n_dec, n_dec)
                 steps += 1
                 busy += n_dec
@@ -403,7 +402,6 @@ def chat(arrival, prompt, output, parent, group, think, gend, limit, k, budget, 
             owed += taken
             free -= taken
             used += taken
-            began = now - step_time_with(k, weights, n_dec, sum_c + m * n_dec, sum_c + m * n_dec, n_dec)  # the last's
             steps += m
             busy += m * n_dec
             sum_c += m * n_dec
@@ -412,6 +410,8 @@ def chat(arrival, prompt, output, parent, group, think, gend, limit, k, budget, 
         kv_peak = max(kv_peak, used)
         nruns, run_kv, run_pairs, run_nw, run_m, run_s = extend_run(
             runs, nruns, run_kv, run_pairs, run_nw, run_m, run_s, n_dec, kv0, kv0, steps - steps0, n_dec, n_dec)
+        if lookahead and steps > steps0:  # the last bare step began its time before the end
+            began = now - step_time_with(k, weights, n_dec, sum_c, sum_c, n_dec)
     nruns = record(runs, nruns, run_nw >> 32, run_kv, run_pairs, run_m, run_nw & 0xFFFFFFFF, run_s)
     return steps, busy, max_queue, preemptions, kv_sum, kv_peak, nruns, ngaps, False
 

@@ -154,7 +154,6 @@ def continuous(arrival, prompt, output, replicas, code, routes, limit, k, budget
         until = arrival[q] if routed and q < n else np.inf
         for rep in range(replicas):  # run every step that starts before ``until``
             now = now_r[rep]
-            began = began_r[rep]
             if now >= until or (st[rep, RUNNING] == 0 and st[rep, NWAIT] == 0 and head == timed_end):
                 continue
             base = rep * stride
@@ -243,7 +242,7 @@ def continuous(arrival, prompt, output, replicas, code, routes, limit, k, budget
                     sampled += ptake == prompt[partial] + g[partial] - c[partial]
                 # 2. admission, only when nobody was preempted; the head of the queue blocks it
                 if not preempted:
-                    seen = began if lookahead and running > 0 else now  # arrivals the batch can hold
+                    seen = began_r[rep] if lookahead and running > 0 else now  # arrivals the batch can hold
                     while running < limit and left > 0 and nwait > 0:
                         i = ptop if npre > 0 else qfirst
                         if npre == 0 and arrival[i] > seen:
@@ -300,7 +299,7 @@ def continuous(arrival, prompt, output, replicas, code, routes, limit, k, budget
                 d = step_time(k, n_tok, kv_tok, pairs, sampled)
                 nruns, run_kv, run_pairs, run_nw, run_m, run_s = extend_run(
                     runs, nruns, run_kv, run_pairs, run_nw, run_m, run_s, n_tok, kv_tok, pairs, 1, n_dec, sampled)
-                began = now
+                began_r[rep] = now
                 now += d
                 steps += 1
                 busy += n_dec
@@ -400,7 +399,6 @@ def continuous(arrival, prompt, output, replicas, code, routes, limit, k, budget
                             used += need
                             phase_now = phase_now + 1 if phase_now + 1 < bt else 0
                         kv_sum += used
-                        began = now
                         now += step_time_with(k, weights, n_dec, sum_c + n_dec, sum_c + n_dec, n_dec)
                         steps += 1
                         busy += n_dec
@@ -426,8 +424,6 @@ def continuous(arrival, prompt, output, replicas, code, routes, limit, k, budget
                         kv_sum += taken_sum
                         free -= taken
                         used += taken
-                    # the run's last step began one bare step's time before its end
-                    began = now - step_time_with(k, weights, n_dec, sum_c + m * n_dec, sum_c + m * n_dec, n_dec)
                     steps += m
                     busy += m * n_dec
                     sum_c += m * n_dec
@@ -436,7 +432,9 @@ def continuous(arrival, prompt, output, replicas, code, routes, limit, k, budget
                 kv_peak = max(kv_peak, used)
                 nruns, run_kv, run_pairs, run_nw, run_m, run_s = extend_run(
                     runs, nruns, run_kv, run_pairs, run_nw, run_m, run_s, n_dec, kv0, kv0, steps - steps0, n_dec, n_dec)
-            now_r[rep], began_r[rep] = now, began
+                if lookahead and steps > steps0:  # the last bare step began its time before the end
+                    began_r[rep] = now - step_time_with(k, weights, n_dec, sum_c, sum_c, n_dec)
+            now_r[rep] = now
             st[rep, RHEAD], st[rep, RTAIL], st[rep, RUNNING] = rhead, rtail, running
             st[rep, CURSOR], st[rep, N_DEC], st[rep, SUM_C] = cursor, n_dec, sum_c
             st[rep, PARTIAL], st[rep, PTOP], st[rep, NPRE] = partial, ptop, npre
