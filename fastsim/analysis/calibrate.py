@@ -3,10 +3,12 @@
 The free values are keys of the ``calibration:`` section (by default all of them), each bounded
 to a physical range. Every measured run is simulated with the same values (one calibration for
 every run, never one per run), and the fit minimises the squared log ratios of simulated to
-measured metrics over every metric of every run: least squares on log errors, made robust (soft
-L1) beyond about 10 %: a larger error counts linearly, not squared, so that one measurement the
-model cannot reproduce (a mean set by a few stalls, whose 99th percentile is many times the mean)
-does not pull every other run off.
+measured metrics over every metric of every run: least squares on log errors, made robust beyond about
+10 %, so that one measurement the model cannot reproduce (a mean set by a few stalls, whose 99th
+percentile is many times the mean) does not pull every other run off. Robust in two stages: first
+soft L1 (a larger error counts linearly, not squared), whose cost still slopes towards the basin
+from a far start; then, from there, Cauchy's (a larger error counts ever less: log(1 + e^2)),
+under which such a run no longer trades the others' errors for its own.
 
 The search starts from the config's own calibration and refines it. The simulated metrics are
 not smooth in the values (an event that moves past another one step changes a mean in a small
@@ -51,7 +53,11 @@ ROUNDS = 4  # rounds of search at most, each from where the last stopped
 # in their last digits (the objective is flat and piecewise), so without it a rounding-level
 # change anywhere in the simulation (1e-13 of a time) sent it to another local minimum.
 DIGITS = 6
-ROBUST = 0.1  # soft L1: log errors up to about this size (10 %) count squared, larger ones linearly
+ROBUST = 0.1  # log errors up to about this size (10 %) count squared; larger ones linearly (soft L1),
+# then ever less (Cauchy)
+LOSSES = ("soft_l1", "cauchy")  # the search's stages
+KEEP = 0.01  # a fit replaces the start only if its cost is lower by more than this share (1 %: the
+# cost is rough at that level, jumping as events cross steps, and flat along ridges)
 FAR = 0.5  # a run whose error after the fit is beyond this (50 %) is one the model does not reproduce
 
 
@@ -143,8 +149,10 @@ class _Runs:
         return np.array([float(f"{r:.{DIGITS}g}") for r in res])
 
 
-def _search(sims: _Runs, fixed: dict[str, float], keys: list[str], start: dict[str, float]) -> tuple[dict, float]:
-    """(values of ``keys``, cost): the local search from ``start``, the other values ``fixed``."""
+def _search(sims: _Runs, fixed: dict[str, float], keys: list[str], start: dict[str, float],
+            loss: str = "soft_l1") -> tuple[dict, float]:
+    """(values of ``keys``, cost): the local search from ``start``, the other values ``fixed``,
+    under ``loss`` (one of LOSSES)."""
     from scipy.optimize import least_squares, minimize
 
     names = [k.removeprefix("calibration.") for k in keys]
@@ -156,7 +164,7 @@ def _search(sims: _Runs, fixed: dict[str, float], keys: list[str], start: dict[s
         return {**fixed, **{k: float(v) for k, v in zip(keys, np.clip(u * scale, lo, hi))}}
 
     def cost(u: np.ndarray) -> float:
-        return _cost(sims.residuals(values(u)))
+        return _cost(sims.residuals(values(u)), loss)
 
     best = np.clip(np.array([start[k] for k in keys]), lo, hi) / scale
     best_cost = cost(best)
@@ -167,7 +175,7 @@ def _search(sims: _Runs, fixed: dict[str, float], keys: list[str], start: dict[s
                           options={"xtol": 1e-3, "ftol": 1e-6, "maxfev": 60 * len(keys) + 60})
         if result.fun < best_cost:
             best, best_cost = result.x, float(result.fun)
-        squares = least_squares(lambda u: sims.residuals(values(u)), best, bounds=bounds, loss="soft_l1",
+        squares = least_squares(lambda u: sims.residuals(values(u)), best, bounds=bounds, loss=loss,
                                 f_scale=ROBUST, diff_step=0.05, max_nfev=20 * len(keys))
         squares_cost = cost(squares.x)
         if squares_cost < best_cost:
@@ -177,9 +185,11 @@ def _search(sims: _Runs, fixed: dict[str, float], keys: list[str], start: dict[s
     return values(best), best_cost
 
 
-def _cost(residuals: np.ndarray) -> float:
-    """The robust sum of squared log errors (soft L1 beyond ROBUST)."""
-    return float((2 * ROBUST ** 2 * (np.sqrt(1 + (residuals / ROBUST) ** 2) - 1)).sum())
+def _cost(residuals: np.ndarray, loss: str = "cauchy") -> float:
+    """The robust sum of squared log errors (beyond ROBUST, soft L1's or Cauchy's): as scipy's
+    least_squares weighs them with ``f_scale`` ROBUST."""
+    z = (residuals / ROBUST) ** 2
+    return float((ROBUST ** 2 * (2 * (np.sqrt(1 + z) - 1) if loss == "soft_l1" else np.log1p(z))).sum())
 
 
 # Starts for the jitter's values (rate, median ms, sigma): their cost has several basins (many
@@ -209,9 +219,14 @@ def fit(runs: list[Measured], keys: list[str]) -> Fit:
             current, _ = _search(sims, current, engine, current)
         grid = [dict(zip(JITTER, point)) for point in JITTER_GRID]
         starts = [current] + [{**current, **{k: point[n] for k, n in zip(jitter, names)}} for point in grid]
-        ranked = sorted(starts, key=lambda v: _cost(sims.residuals(v)))[:3]
+        ranked = sorted(starts, key=lambda v: _cost(sims.residuals(v), "soft_l1"))[:3]
         current = min((_search(sims, current, jitter, v) for v in ranked), key=lambda found: found[1])[0]
-    after, cost = _search(sims, {}, keys, current)
+    for loss in LOSSES:
+        current, cost = _search(sims, {}, keys, current, loss)
+    after = current
+    kept = _cost(sims.residuals(before))  # the start stays unless the search beats it (KEEP): along the
+    if kept <= cost * (1 + KEEP):  # cost's flat ridges a refit would otherwise wander, and so move a fit
+        after, cost = before, kept
     fitted = sims.results(after)
     return Fit(keys, before, after, runs, sims.predict(before), sims.predict(after, fitted), cost, sims.evaluations,
                [result.overloaded for result in fitted])

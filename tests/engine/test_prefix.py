@@ -331,17 +331,16 @@ def test_decode_replicas_behind_prefix_aware_routing_go_by_kv_blocks(sessions):
 
 def test_the_chat_fleet_figures_of_the_docs(root):
     """docs/model/prefix-cache.md's table (configs/chat-fleet.yaml on 4 replicas near saturation):
-    prefix-aware routing hits more and lowers the median TTFT; the tail is the engine's stalls,
-    the same under every router; without the cache the fleet falls behind."""
+    prefix-aware routing hits more and keeps TTFT p99 below round robin's; without the cache the
+    fleet falls behind."""
     base = load_config(root / "configs/chat-fleet.yaml")
     got = {}
     for cache, router in [(False, "round_robin"), (True, "round_robin"), (True, "prefix_aware")]:
         got[cache, router] = simulate(base.with_values({"engine.prefix_caching": cache, "fleet.router": router})).metrics
     rr, pa, off = got[True, "round_robin"], got[True, "prefix_aware"], got[False, "round_robin"]
-    assert pa["prefix_hit_rate"] > rr["prefix_hit_rate"] and pa["ttft_p50_s"] < rr["ttft_p50_s"]
-    assert math.isclose(pa["ttft_p99_s"], rr["ttft_p99_s"], rel_tol=0.02)
-    table = [(off, math.nan, 2.62, 13.4, 988, 0.411), (rr, 0.41, 0.0798, 0.250, 6, 0.996),
-             (pa, 0.676, 0.0649, 0.253, 0, 1.0)]
+    assert pa["prefix_hit_rate"] > rr["prefix_hit_rate"] and pa["ttft_p99_s"] < rr["ttft_p99_s"]
+    table = [(off, math.nan, 1.33, 15.4, 911, 0.474), (rr, 0.41, 0.0778, 1.87, 42, 0.967),
+             (pa, 0.682, 0.0623, 0.242, 0, 0.999)]
     for m, hit, p50, p99, preemptions, slo in table:
         assert math.isnan(hit) and math.isnan(m["prefix_hit_rate"]) or round(m["prefix_hit_rate"], 3) == hit
         assert math.isclose(m["ttft_p50_s"], p50, rel_tol=0.01) and math.isclose(m["ttft_p99_s"], p99, rel_tol=0.01)
@@ -353,8 +352,8 @@ def test_the_chat_fleet_behind_a_prefill_pool_of_the_docs(root):
     replicas; at weight 64 prefix-aware routing sends nearly every prompt to one prefill replica."""
     base = load_config(root / "configs/chat-fleet.yaml").with_values({"fleet.prefill_replicas": 3,
                                                                       "fleet.replicas": 3})
-    table = [("least_outstanding", 64, 0.406, 0.188, 0.150, 409, 0.834),
-             ("prefix_aware", 64, 0.352, 48.8, 0.0142, 0, 0.117), ("prefix_aware", 1, 0.541, 0.172, 0.1695, 316, 0.87)]
+    table = [("least_outstanding", 64, 0.409, 0.181, 0.144, 390, 0.844),
+             ("prefix_aware", 64, 0.352, 47.4, 0.0143, 0, 0.118), ("prefix_aware", 1, 0.541, 0.168, 0.149, 343, 0.859)]
     for router, weight, hit, ttft, tpot, preemptions, slo in table:
         r = simulate(base.with_values({"fleet.router": router, "fleet.prefix_weight": weight}))
         m = r.metrics
@@ -362,7 +361,7 @@ def test_the_chat_fleet_behind_a_prefill_pool_of_the_docs(root):
         assert math.isclose(m["ttft_p99_s"], ttft, rel_tol=0.01) and math.isclose(m["tpot_p99_s"], tpot, rel_tol=0.01)
         assert m["preemptions"] == preemptions
         if weight == 64 and router == "prefix_aware":
-            assert np.bincount(r.prefill_replica).max() == 19_986
+            assert np.bincount(r.prefill_replica).max() == 20_000
 
 
 def test_the_sample_traces_replay_with_their_hit_rates(root):
@@ -370,13 +369,13 @@ def test_the_sample_traces_replay_with_their_hit_rates(root):
     as hash ids (system prompts visible) and as parent links (only the conversation)."""
     base = load_config(root / "configs/chat-traces.yaml")
     traces = root / "configs/traces"
-    want = {"chat-sample.jsonl": (0.741, 0.09), "chat-sample.csv": (0.375, 0.27)}
+    want = {"chat-sample.jsonl": (0.741, 0.08), "chat-sample.csv": (0.37, 0.26)}
     for name, (hit, p99) in want.items():
         on = simulate(base.with_values({"workload.trace": str(traces / name), "workload.rate": 8})).metrics
         assert round(on["prefix_hit_rate"], 3) == hit and round(on["ttft_p99_s"], 2) == p99
         off = simulate(base.with_values({"workload.trace": str(traces / name), "workload.rate": 8,
                                          "engine.prefix_caching": False})).metrics
-        assert round(off["ttft_p99_s"], 2) == 0.29 and math.isnan(off["prefix_hit_rate"])
+        assert round(off["ttft_p99_s"], 2) == 0.27 and math.isnan(off["prefix_hit_rate"])
 
 
 def test_requests_out_carries_cached_tokens_sessions_and_system_prompts(root, tmp_path):
