@@ -54,10 +54,11 @@ OTHERS = [{"model.preset": "llama-2-7b", "engine.tp": 1, "workload.rate": 10, "w
 def test_a_known_calibration_is_recovered_well_enough_to_predict_other_scenarios(tmp_path):
     """Jitter included: six runs' means, p90s and p99s, fitted from the jitter off, give back a
     calibration that predicts three other scenarios' means, p90s and end-to-end p99s within 3 %
-    and TTFT p99s within 10 %. A first token's tail rests on a few long stalls: over ten seeds,
+    and TTFT p99s within 5 %. A first token's tail rests on a few long stalls: over ten seeds,
     the true calibration's own TTFT p99 of these 1,500-request scenarios varies by 3.6-4.8 %
-    (coefficient of variation; 2.0-3.1 % at 6,000), so a fit whose stalls fall elsewhere (measured:
-    2.4, 5.6 and 7.1 % off) cannot be held to 3 % without fitting the seed's noise."""
+    (coefficient of variation; 2.0-3.1 % at 6,000), and the fit's stalls lie elsewhere on the
+    ridge of like tails (0.85 a second of 27 ms for 3 of 10 ms): measured 1.2, 4.0 and 0.7 % off
+    (the other metrics at most 2.6 %)."""
     measured = tmp_path / "six.csv"
     write_csv(measured, [({**s, "workload.n_requests": N}, truly(s)) for s in SIX])
     out = tmp_path / "fit.yaml"
@@ -71,7 +72,7 @@ def test_a_known_calibration_is_recovered_well_enough_to_predict_other_scenarios
         got = simulate(load_config(BASE, {**settings, **{f"calibration.{k}": v for k, v in fitted.items()},
                                           "workload.n_requests": N})).metrics
         for name in FITTED:
-            assert got[name] == pytest.approx(want[name], rel=0.10 if name == "ttft_p99_s" else 0.03), (settings, name)
+            assert got[name] == pytest.approx(want[name], rel=0.05 if name == "ttft_p99_s" else 0.03), (settings, name)
 
 
 def vllm_result(path, rate, lens, calibration=TRUTH, burstiness=1.0):

@@ -81,7 +81,8 @@ def coupled_round_robin(config, traffic):
     runs, gaps = np.empty((4 * n + 64, 4), np.int64), np.empty(n + 64)
     counts = continuous(traffic.arrival_s, traffic.prompt_tokens, traffic.output_tokens, config.fleet.replicas, ROUND_ROBIN,
                      np.empty(n, np.int64), p.limit, p.k, p.budget, p.blocks, p.block_tokens, p.kv_mode, p.prefix_blocks,
-                     p.max_output, p.lookahead, np.empty(0), first, done, replica, runs, gaps, np.full((WORK_ROWS, n + 1), -7, np.int64))
+                     p.max_output, p.lookahead, np.empty(0), first, done, replica, runs, gaps,
+                     np.full((WORK_ROWS, n + 1), -7, np.int64))
     return first + p.api_s, done + p.api_s, replica, counts
 
 

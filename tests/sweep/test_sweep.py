@@ -190,7 +190,8 @@ def test_ctrl_c_stops_cleanly_and_keeps_progress(study, request, tmp_path):
     out = tmp_path / "out.nc"
     code, stderr, done = start_and_stop(request.getfixturevalue(study), out, 2, signal.SIGINT)
     assert code == 130 and done > 0
-    assert stderr.strip().splitlines() == [
+    said = [line for line in stderr.strip().splitlines() if not line.startswith("compiling kernels")]  # a cold cache
+    assert said == [
         f"error: interrupted; finished points are kept in {checkpoint_path(out)}: rerun with --resume"
     ]  # and no traceback from the workers
     assert not out.exists()

@@ -94,8 +94,8 @@ def run(arrival, prompt, output, parent, shared, hash_start, hash_ids, hash_bloc
                np.empty(count * stride, np.int64), slots)
     *counters, ngaps = cached_pool(
         arrived, prompt, output, parent, shared, hash_start, hash_ids, hash_block, think, replicas, code, routes, weight,
-        limit, k, budget, blocks, bt, caching, lookahead, api_s, pre.replicas, pre.k, pre.budget, pre.blocks, pre.link_s,
-        pre.routes, stride, req, *cache, *scratch, first, done, replica, pre_replica, runs, gaps)
+        limit, k, budget, blocks, bt, caching, lookahead, api_s, pre.replicas, pre.k, pre.budget, pre.blocks,
+        pre.link_s, pre.routes, stride, req, *cache, *scratch, first, done, replica, pre_replica, runs, gaps)
     pre_counters, counters = counters[:7], counters[7:]
     return (first, done, arrived, replica, pre_replica, req[CACHED, :n].copy(), (*pre_counters, 0),
             (*counters, ngaps))
@@ -115,9 +115,9 @@ def _depth(parent):
 
 @jit
 def cached_pool(arrival, prompt, output, parent, shared, hash_start, hash_ids, hash_block, think, replicas, code,
-                routes, weight, limit, k, budget, blocks, bt, caching, lookahead, api_s, npre, k_pre, budget_pre, blocks_pre,
-                link_s, pre_routes, stride, req, blk, ends, tab, cnode, clo, found, held, slots, first_token, done,
-                replica, pre_replica, runs, gaps):
+                routes, weight, limit, k, budget, blocks, bt, caching, lookahead, api_s, npre, k_pre, budget_pre,
+                blocks_pre, link_s, pre_routes, stride, req, blk, ends, tab, cnode, clo, found, held, slots,
+                first_token, done, replica, pre_replica, runs, gaps):
     """Continuous batching with a prefix cache on ``replicas`` replicas of ``blocks`` blocks,
     behind ``npre`` prefill replicas (0: none).
 
