@@ -359,15 +359,18 @@ def chat(arrival, prompt, output, parent, group, think, gend, limit, k, budget, 
         open_slot = running < limit and nwait == 0
         phase_now = steps % bt
         used = blocks - free
-        far = steps + STEPPED
+        far, last = steps + STEPPED, False  # last: an arrival came (async: one more step, then admission)
         weights = weights_time(k, n_dec)
         while True:
             while True:
                 if t_next <= now:
-                    if open_slot:
+                    if open_slot and (last or not lookahead):
                         break
+                    last = open_slot  # (async: the step starting now was chosen before it came)
                     t_next, q_next, sp, nheap, qfirst, qlast, nwait = _arrive(  # they only lengthen the queue
                         now, t_next, q_next, sp, nheap, qfirst, qlast, nwait, arrival, heap_t, heap_i, qnext)
+                elif last:
+                    break
                 nxt = cursor + 1 if cursor + 1 < ring else 0
                 if bucket[nxt] >= 0:
                     break
@@ -386,7 +389,7 @@ def chat(arrival, prompt, output, parent, group, think, gend, limit, k, budget, 
                 cursor = nxt
                 if steps == far:
                     break
-            if steps != far:
+            if steps != far or last:
                 break
             m = next_filled(occ, bucket, 0, cursor + 1 if cursor + 1 < ring else 0, ring)
             if free < n_dec * m:
@@ -406,8 +409,10 @@ def chat(arrival, prompt, output, parent, group, think, gend, limit, k, budget, 
             busy += m * n_dec
             sum_c += m * n_dec
             cursor = cursor + m if cursor + m < ring else cursor + m - ring
-            break
-        kv_peak = max(kv_peak, used)
+            if not lookahead:
+                break
+            phase_now, far = (phase_now + m) % bt, -1  # async: step on, for an arrival's one more step
+        kv_peak, max_queue = max(kv_peak, used), max(max_queue, nwait)  # (a bare run admits no one)
         nruns, run_kv, run_pairs, run_nw, run_m, run_s = extend_run(
             runs, nruns, run_kv, run_pairs, run_nw, run_m, run_s, n_dec, kv0, kv0, steps - steps0, n_dec, n_dec)
         if lookahead and steps > steps0:  # the last bare step began its time before the end

@@ -2,13 +2,13 @@
 replicas behind a load-aware router (docs/model/serving.md, docs/model/fleets.md). With every
 serving-model addition off the lesson's own kernels (:mod:`.lesson`) run instead.
 
-One engine takes each request at the first step that starts at or after its arrival. A pool
-takes its requests in its order (arrival-sorted, ties in index order): before routing request
-q, arriving at t, every replica runs each step that starts before t, so the router sees its
-outstanding requests and KV blocks as of then; q joins the chosen replica's waiting queue and an
-idle replica wakes at t. So a replica between two routing instants and one engine between two
-arrivals run the same statements: the loop below is both, told apart by ``code`` (a router, or
-:data:`fastsim.engine.router.ONE_ENGINE`, with which arrivals are taken by time).
+One engine takes each request at the first step that starts at or after its arrival (async
+scheduling, ``lookahead``: one step later, if a step was running). A pool takes its requests in
+its order (arrival-sorted, ties in index order): before routing request q, arriving at t, every
+replica runs each step that starts before t, so the router sees its outstanding requests and KV
+blocks as of then; q joins the chosen replica's waiting queue and an idle replica wakes at t. A
+replica between two routing instants and one engine between two arrivals run the same
+statements, told apart by ``code`` (a router, or :data:`fastsim.engine.router.ONE_ENGINE`).
 
 The work per step does not depend on the batch size:
 
@@ -19,21 +19,20 @@ The work per step does not depend on the batch size:
   its token every step, so decoders are kept as sums: D of them holding SC computed tokens in
   all read C = SC + D KV tokens and form A = SC + D query-key pairs a step, and their token
   counts are derived from the step they became decoders.
-- Their completions come from a calendar per replica (doubly linked, so a preempted request
-  leaves it in O(1)), their block boundaries from counters by phase: a decoder needs a new block
-  every ``block_tokens`` steps, at a fixed phase.
+- Their completions come from a calendar per replica (doubly linked: a preempted request leaves
+  it in O(1)), their new blocks from counters by phase (one every ``block_tokens`` steps).
 - Preemption victims are the tail of the admission-ordered running list. When the free blocks
   cannot cover this step's needs, the step walks the running list oldest first and preempts
   from the tail exactly as the rules say; otherwise no one is preempted and the sums suffice.
 - While nobody can be admitted, finish or run out of blocks, a fast path runs bare steps: the
-  first ``STEPPED`` one by one, the rest of a longer run at once, in closed form (:mod:`._bare`;
-  every count exact, times rounded once per run instead of once per step), up to the next
-  routing instant, arrival that would be admitted, completion, or step whose blocks do not fit.
+  first ``STEPPED`` one by one, the rest in closed form (:mod:`._bare`; every count exact, times
+  rounded once per run), up to the next routing instant, arrival that would be admitted (async:
+  the step after it came), completion, or step whose blocks do not fit.
 
-State is struct of arrays: per request the rows of ``work``; per replica its scalars (columns of
-``st``, in locals while it runs), its calendar (buckets from ``rep * stride``), its decoders by
-block phase (``bcount[rep]``) and its open step run (written to ``runs`` when the next does not
-continue it). Arrays are indexed in place: a row view per replica per routing instant cost ~8 %.
+State is struct of arrays, indexed in place (a row view per replica per routing instant cost
+~8 %): per request the rows of ``work``; per replica its scalars (columns of ``st``, in locals
+while it runs), its calendar (buckets from ``rep * stride``), its decoders by block phase
+(``bcount[rep]``) and its open step run (written to ``runs`` when the next does not continue it).
 """
 
 from __future__ import annotations
@@ -80,8 +79,8 @@ def continuous(arrival, prompt, output, replicas, code, routes, limit, k, budget
         preempted request finds again those of its blocks not yet evicted (:func:`._running.own_hit`)
     pb : int    blocks pinned by the shared prefix (every admission starts with pb * bt tokens)
     o_max : int    the longest output the workload can produce
-    lookahead : bool    async scheduling: while anything runs, the queue's head (not a preempted
-        request) is admitted only if it arrived by the start of the step before
+    lookahead : bool    async scheduling: while anything runs, the head is admitted only if it
+        arrived by the start of the step before (a preempted one always)
     token_1 : float64 (n,) or (0,)    a decode replica's requests: each arrives with its
         prompt's KV (c = p) and its first token emitted at ``token_1[i]`` (g = 1); empty:
         requests arrive with nothing computed
@@ -139,8 +138,7 @@ def continuous(arrival, prompt, output, replicas, code, routes, limit, k, budget
         st[rep, RHEAD] = st[rep, RTAIL] = st[rep, PARTIAL] = st[rep, PTOP] = st[rep, QLAST] = -1
         st[rep, QFIRST] = -1 if routed else 0
         st[rep, FREE] = blocks - pb if limited else 0
-    now_r = np.zeros(replicas)
-    began_r = np.full(replicas, -np.inf)  # when each replica's last step started (lookahead)
+    now_r, began_r = np.zeros(replicas), np.full(replicas, -np.inf)  # each replica's clock; its last step's start
     outstanding = np.zeros(replicas, np.int64)  # routed to each replica, not yet done
     used_blocks = np.full(replicas, pb if limited else 0, np.int64)  # KV blocks in use on each replica
     rows_i = np.empty(min(limit, n) + 1, np.int64)  # a step's prefill rows (at most every request)
@@ -378,16 +376,19 @@ def continuous(arrival, prompt, output, replicas, code, routes, limit, k, budget
                 open_slot = running < limit and nwait == 0  # an arrival would be admitted
                 phase_now = steps % bt
                 used = blocks - free if limited else 0  # only grows here: its peak is its last value
-                far = steps + STEPPED  # past it, the rest of a long run in closed form
+                far, last = steps + STEPPED, False  # past far, the rest in closed form; last: see below
                 weights = weights_time(k, n_dec)
                 while True:
                     while now < until:
                         if head < timed_end and arrival[head] <= now:
-                            if open_slot:
+                            if open_slot and (last or not lookahead):
                                 break
+                            last = open_slot  # (async: the step starting now was chosen before it came)
                             while head < timed_end and arrival[head] <= now:  # they only lengthen the queue
                                 head += 1
                                 nwait += 1
+                        elif last:
+                            break
                         nxt = cursor + 1 if cursor + 1 < ring else 0
                         if bucket[base + nxt] >= 0:
                             break
@@ -406,10 +407,9 @@ def continuous(arrival, prompt, output, replicas, code, routes, limit, k, budget
                         cursor = nxt
                         if steps == far:
                             break
-                    if steps != far:
+                    if steps != far or last:
                         break
-                    # the rest in closed form (:mod:`._bare`): up to the next completion, the blocks'
-                    # end, the next routing instant or an arrival that would be admitted
+                    # the rest in closed form (:mod:`._bare`) up to the next event (as the steps above)
                     m = next_filled(occ, bucket, base, cursor + 1 if cursor + 1 < ring else 0, ring)
                     if paged and free < n_dec * m:  # (a step takes at most D blocks)
                         m = min(m, blocks_last(bcount, rep, phase_now, bt, n_dec, free))
@@ -428,8 +428,10 @@ def continuous(arrival, prompt, output, replicas, code, routes, limit, k, budget
                     busy += m * n_dec
                     sum_c += m * n_dec
                     cursor = cursor + m if cursor + m < ring else cursor + m - ring
-                    break
-                kv_peak = max(kv_peak, used)
+                    if not lookahead:
+                        break
+                    phase_now, far = (phase_now + m) % bt, -1  # async: step on, for an arrival's one more step
+                kv_peak, max_queue = max(kv_peak, used), max(max_queue, nwait)  # (a bare run admits no one)
                 nruns, run_kv, run_pairs, run_nw, run_m, run_s = extend_run(
                     runs, nruns, run_kv, run_pairs, run_nw, run_m, run_s, n_dec, kv0, kv0, steps - steps0, n_dec, n_dec)
                 if lookahead and steps > steps0:  # the last bare step began its time before the end
