@@ -18,6 +18,7 @@ import contextlib
 import logging
 import math
 import os
+import socket
 import sys
 import threading
 from collections import deque
@@ -315,6 +316,14 @@ def _quiet_workers() -> Iterator[None]:
             os.environ[key] = previous
 
 
+def _listening(address: str) -> None:
+    """Raise OSError at once when nothing listens at a tcp:// address (Dask retries for its
+    whole timeout before it says so)."""
+    host, _, port = address.removeprefix("tcp://").rpartition(":")
+    if address.startswith("tcp://") and port.isdigit():
+        socket.create_connection((host.strip("[]"), int(port)), timeout=10).close()
+
+
 @contextlib.contextmanager
 def _dask(grid: Grid, task: Task, scheduler: str, workers: int, batched: bool) -> Iterator[_Backend]:
     """A Dask cluster (``local``: one started here, of ``workers`` processes). Every block is
@@ -328,6 +337,7 @@ def _dask(grid: Grid, task: Task, scheduler: str, workers: int, batched: bool) -
         client = Client(cluster)
     else:
         try:
+            _listening(scheduler)
             client = Client(scheduler, timeout="10s")
         except (OSError, TimeoutError, ValueError) as exc:
             raise ConfigError(f"--scheduler {scheduler}: cannot reach a Dask scheduler ({exc})") from None
