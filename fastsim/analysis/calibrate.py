@@ -140,9 +140,10 @@ class _Runs:
         results = self.results(values) if results is None else results
         return [{name: result.metrics[name] for name in run.metrics} for run, result in zip(self.runs, results)]
 
-    def residuals(self, values: dict[str, float]) -> np.ndarray:
+    def residuals(self, values: dict[str, float], predicted: list[dict[str, float]] | None = None) -> np.ndarray:
+        """Log errors of every measured metric, simulated with ``values`` (or read from ``predicted``)."""
         res = []
-        for run, got in zip(self.runs, self.predict(values)):
+        for run, got in zip(self.runs, self.predict(values) if predicted is None else predicted):
             for name, measured in run.metrics.items():
                 value = got[name]
                 res.append(math.log(value / measured) if value > 0 and math.isfinite(value) else MISS)
@@ -223,12 +224,11 @@ def fit(runs: list[Measured], keys: list[str]) -> Fit:
         current = min((_search(sims, current, jitter, v) for v in ranked), key=lambda found: found[1])[0]
     for loss in LOSSES:
         current, cost = _search(sims, {}, keys, current, loss)
-    after = current
-    kept = _cost(sims.residuals(before))  # the start stays unless the search beats it (KEEP): along the
-    if kept <= cost * (1 + KEEP):  # cost's flat ridges a refit would otherwise wander, and so move a fit
-        after, cost = before, kept
+    predicted_before = sims.predict(before)
+    kept = _cost(sims.residuals(before, predicted_before))  # the start stays unless the search beats it (KEEP):
+    after, cost = (before, kept) if kept <= cost * (1 + KEEP) else (current, cost)  # else a refit wanders the ridges
     fitted = sims.results(after)
-    return Fit(keys, before, after, runs, sims.predict(before), sims.predict(after, fitted), cost, sims.evaluations,
+    return Fit(keys, before, after, runs, predicted_before, sims.predict(after, fitted), cost, sims.evaluations,
                [result.overloaded for result in fitted])
 
 
