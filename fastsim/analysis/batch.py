@@ -37,7 +37,7 @@ def _points(kernel, plan, api_s, requests, room, objectives, rows):
     GPUs, USD per hour). Fills each finished point's row; returns which finished."""
     arrival, prompt, output, starts = requests
     first_token, done, runs, gaps, work = room
-    max_batch, bounds, has_slo, gpus, usd_per_hour = objectives
+    max_batch, bounds, has_slo, gpus, usd_per_hour, with_itl = objectives
     token_1 = np.empty(0)
     k, blocks = plan[2], plan[4]
     finished = np.zeros(starts.size - 1, np.bool_)
@@ -53,7 +53,7 @@ def _points(kernel, plan, api_s, requests, room, objectives, rows):
         kv_steps, kv_capacity, kv_use = kv_totals(blocks, steps, kv_sum, kv_peak)
         counts = (steps, busy, queue, preemptions, kv_steps, kv_capacity, kv_use)
         fits, values = small_run(arrival[a:b], output[a:b], first_token[a:b], done[a:b], counts, k, runs[:nruns],
-                                 gaps[:ngaps], max_batch, bounds, has_slo, gpus, usd_per_hour)
+                                 gaps[:ngaps], max_batch, bounds, has_slo, gpus, usd_per_hour, with_itl)
         if fits:
             for m in range(len(values)):
                 rows[i, m] = values[m]
@@ -116,7 +116,7 @@ class _Group:
         requests = (np.concatenate([t.arrival_s for t in traffic]), np.concatenate([t.prompt_tokens for t in traffic]),
                     np.concatenate([t.output_tokens for t in traffic]), np.cumsum([0] + sizes))
         bounds, has_slo = slo_bounds((c.slo.ttft_s, c.slo.tpot_s, c.slo.e2e_s))
-        objectives = (c.engine.max_batch, bounds, has_slo, pools.gpus(c), pools.usd_per_hour(c))
+        objectives = (c.engine.max_batch, bounds, has_slo, pools.gpus(c), pools.usd_per_hour(c), True)  # ITL too
         out = np.full((len(sizes), len(METRICS)), np.nan)  # prefix_hit_rate: NaN without a prefix cache
         finished = LOOPS[kernel](p.numbers, p.api_s, requests, room, objectives, out)
         for (r, config, t), row, ok in zip(self.members, out, finished.tolist()):

@@ -128,12 +128,14 @@ class _Runs:
     def __init__(self, runs: list[Measured]):
         self.runs = runs
         self.traffic: list[Traffic] = [run.traffic or traffic_of.of(run.config) for run in runs]
+        self.itl = [any(name.startswith("itl_") for name in run.metrics) for run in runs]  # (the costliest metric)
         self.evaluations = 0
 
     def results(self, values: dict[str, float]) -> list:
-        """Every run simulated with ``values``."""
+        """Every run simulated with ``values`` (its ITL quantiles only if it measured them)."""
         self.evaluations += 1
-        return [simulate(run.config.at(values), traffic, checked=True) for run, traffic in zip(self.runs, self.traffic)]
+        return [simulate(run.config.at(values), traffic, checked=True, with_itl=itl)
+                for run, traffic, itl in zip(self.runs, self.traffic, self.itl)]
 
     def predict(self, values: dict[str, float], results: list | None = None) -> list[dict[str, float]]:
         """Per run, the metrics it measured, simulated with ``values`` (or read from their ``results``)."""

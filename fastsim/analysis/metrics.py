@@ -206,13 +206,14 @@ def _values(n, tokens, span, ttft_mean, e2e_mean, q, itl_q, good, has_slo, count
 
 @jit
 def small_run(arrival, output, first_token, done, counts, k, runs, gaps, max_batch, bounds, has_slo, gpus,
-              usd_per_hour):
+              usd_per_hour, with_itl):
     """(fits, every metric) of a run of at most SORT_BELOW requests, in one compiled call (a sweep
     runs many such in a row: :mod:`.batch`); ``fits`` is False, and the metrics not all set,
-    when its inter-token gaps are too many to list (:func:`.itl.listed_quantiles`)."""
+    when its inter-token gaps are too many to list (:func:`.itl.listed_quantiles`). Without
+    ``with_itl``, the ITL quantiles are NaN (not computed)."""
     n = arrival.size
     ttft, e2e, tpot, good = _latencies(arrival, output, first_token, done, bounds[0], bounds[1], bounds[2])
-    fits, itl_q = itl.listed_quantiles(k, runs, gaps, counts[1] - n, ITL_PS)
+    fits, itl_q = itl.listed_quantiles(k, runs, gaps, counts[1] - n if with_itl else 0, ITL_PS)
     tokens = np.int64(0)  # not the literal 0, which would compile _values a second time
     for o in output:
         tokens += o
@@ -237,22 +238,23 @@ def named(values: tuple) -> dict[str, float]:
 
 def compute(arrival: np.ndarray, output: np.ndarray, out: Outcome, max_batch: int,
             slo: tuple[float | None, float | None, float | None] = (None, None, None), gpus: int = 1,
-            usd_per_hour: float = float("nan")) -> dict[str, float]:
+            usd_per_hour: float = float("nan"), with_itl: bool = True) -> dict[str, float]:
     """Every metric of :data:`METRICS` for one simulated scenario, an engine's or a fleet's
     (requests must all have finished); ``slo`` is (TTFT, TPOT, e2e) objectives in seconds, None
-    where not set; ``gpus`` and ``usd_per_hour`` the fleet's."""
+    where not set; ``gpus`` and ``usd_per_hour`` the fleet's; without ``with_itl``, the ITL
+    quantiles are NaN (not computed: the costliest metric, which a fit may not need)."""
     bounds, has_slo = slo_bounds(slo)
     counts = (out.steps, out.busy_slot_steps, out.max_queue, out.preemptions, out.kv_block_steps,
               out.kv_capacity_steps, out.kv_peak_use)
     first_token, done, n = out.first_token_s, out.done_s, arrival.size
     if n <= SORT_BELOW:  # a small run: every metric in one compiled call
         fits, values = small_run(arrival, output, first_token, done, counts, out.k, out.runs, out.gaps_s, max_batch,
-                                 bounds, has_slo, gpus, usd_per_hour)
+                                 bounds, has_slo, gpus, usd_per_hour, with_itl)
         if fits:
             return named(values + (out.prefix_hit_rate,))
     ttft, e2e, tpot, good = _latencies(arrival, output, first_token, done, *bounds)
     q = np.array(_select(ttft, LATENCY_PS) + _select(e2e, LATENCY_PS) + _select(tpot, TPOT_PS))
-    itl_q = np.array(itl.quantiles(out.k, out.runs, out.gaps_s, out.busy_slot_steps - n, ITL_PS))
+    itl_q = np.array(itl.quantiles(out.k, out.runs, out.gaps_s, out.busy_slot_steps - n if with_itl else 0, ITL_PS))
     means = float(ttft.sum()) / n, float(e2e.sum()) / n  # NumPy's sums, as _sum's
     return named(_values(n, int(output.sum()), float(done.max()), *means, q, itl_q, good, has_slo, counts, max_batch,
                          gpus, usd_per_hour) + (out.prefix_hit_rate,))

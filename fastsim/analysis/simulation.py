@@ -63,11 +63,13 @@ def overloaded(arrival: np.ndarray, first_token: np.ndarray) -> bool:
     return late > OVERLOAD_S and late > OVERLOAD_RATIO * early
 
 
-def measure(config: Config, traffic: Traffic, out: Outcome) -> dict[str, float]:
-    """The metrics of an engine's or a fleet's outcome on ``traffic``."""
+def measure(config: Config, traffic: Traffic, out: Outcome, with_itl: bool = True) -> dict[str, float]:
+    """The metrics of an engine's or a fleet's outcome on ``traffic`` (without ``with_itl``, the
+    ITL quantiles NaN)."""
     slo = config.slo
     return metrics.compute(out.arrivals(traffic.arrival_s), traffic.output_tokens, out, config.engine.max_batch,
-                           (slo.ttft_s, slo.tpot_s, slo.e2e_s), pools.gpus(config), pools.usd_per_hour(config))
+                           (slo.ttft_s, slo.tpot_s, slo.e2e_s), pools.gpus(config), pools.usd_per_hour(config),
+                           with_itl)
 
 
 def scratch() -> Scratch:
@@ -77,11 +79,12 @@ def scratch() -> Scratch:
     return _local.scratch
 
 
-def simulate(config: Config, traffic: Traffic | None = None, checked: bool = False) -> Result:
+def simulate(config: Config, traffic: Traffic | None = None, checked: bool = False, with_itl: bool = True) -> Result:
     """Run one scenario: ``config``'s base values (its ``sweep:`` grid is ignored).
 
     ``traffic`` may be passed to reuse arrays already drawn for ``config.workload``;
-    ``checked``: the caller already ran :func:`fastsim.engine.checks.check` on ``config``.
+    ``checked``: the caller already ran :func:`fastsim.engine.checks.check` on ``config``;
+    without ``with_itl``, the ITL quantiles are NaN (a caller that needs none saves their cost).
     """
     if not checked:
         checks.check(config)
@@ -90,6 +93,6 @@ def simulate(config: Config, traffic: Traffic | None = None, checked: bool = Fal
     checks.traffic_fits(config, traffic)
     out = fleet.run(config, traffic, scratch())  # measured before the next run on this thread
     c = traffic.content
-    return Result(config, measure(config, traffic, out), out.arrivals(traffic.arrival_s),
+    return Result(config, measure(config, traffic, out, with_itl), out.arrivals(traffic.arrival_s),
                   traffic.prompt_tokens, traffic.output_tokens, out.first_token_s, out.done_s, out.replica,
                   out.prefill_replica, out.cached_tokens, *((c.session, c.turn, c.system_prompt) if c else ()))

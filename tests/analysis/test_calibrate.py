@@ -275,4 +275,7 @@ def test_a_cached_system_prompt_is_calibrated_as_fastsim_run_simulates_it(tmp_pa
     for run, got in zip(runs, _Runs(runs).results(values)):
         want = simulate(run.config.at(values), run.traffic)
         assert run.traffic is None or run.traffic.content is not None
-        assert got.metrics == pytest.approx(want.metrics, nan_ok=True) and got.metrics["prefix_hit_rate"] > 0
+        same = [name for name in want.metrics if not name.startswith("itl_") or name in run.metrics]  # (the fit
+        # computes ITL only where measured: the costliest metric)
+        assert [got.metrics[name] for name in same] == pytest.approx([want.metrics[name] for name in same], nan_ok=True)
+        assert got.metrics["prefix_hit_rate"] > 0

@@ -81,3 +81,14 @@ def test_tpot_nan_when_every_output_is_one_token():
     r = simulate(Config().with_values({"workload.output.dist": "fixed", "workload.output.value": 1,
                                        "workload.n_requests": 50}))
     assert math.isnan(r.metrics["tpot_p50_s"]) and r.metrics["ttft_p50_s"] == r.metrics["e2e_p50_s"]
+
+
+def test_a_run_without_itl_has_every_other_metric_as_with_it():
+    """``with_itl=False`` (what a fit that measured no ITL asks for) leaves the ITL quantiles NaN
+    and every other metric as it is, in a small run (one compiled call) and a large one."""
+    for n in (500, 8_000):
+        config = Config().with_values({"workload.n_requests": n, "workload.rate": 30})
+        full, lean = simulate(config).metrics, simulate(config, with_itl=False).metrics
+        assert math.isnan(lean["itl_p50_s"]) and math.isnan(lean["itl_p99_s"]) and full["itl_p99_s"] > 0
+        rest = [k for k in full if not k.startswith("itl_")]
+        assert np.array_equal([lean[k] for k in rest], [full[k] for k in rest], equal_nan=True)
