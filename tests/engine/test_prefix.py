@@ -145,6 +145,24 @@ def test_the_kernel_matches_the_prefix_oracle(config):
     agree(config, of(config))
 
 
+def test_a_turn_released_at_a_step_end_joins_as_the_oracle_says():
+    """Think 0 and no API overhead: a turn arrives exactly as the step it follows ends, the start
+    of a bare (decode-only) step it rides under async scheduling; it is admitted at the next step,
+    whose batch was chosen after it came (the chat kernel once rebuilt the ridden step's start
+    from its end and length, an ulp early, and admitted it a step late)."""
+    config = Config().with_values({
+        "engine.max_batch": 5, "engine.block_tokens": 1, "engine.prefix_caching": True,
+        "engine.async_scheduling": True, "engine.kv_cache_gb": 0.024, "model.params_b": 8.0,
+        "model.n_layers": 32, "model.attn_dim": 4096, "model.hidden": 4096, "workload.n_requests": 18,
+        "workload.seed": 0, "workload.rate": 951.0, "workload.prompt.value": 31, "workload.prompt.max": 31,
+        "workload.output.dist": "uniform", "workload.output.max": 17,
+        "workload.system_prompts": {"count": 1, "tokens": 1},
+        "workload.sessions": {"turns": {"dist": "uniform", "min": 1, "max": 5},
+                              "followup": {"dist": "uniform", "min": 1, "max": 1},
+                              "think_s": {"dist": "fixed", "value": 0.0}, "max_context": 97}})
+    agree(config, of(config))
+
+
 @settings(max_examples=150, deadline=None)
 @given(prefix_configs())
 def test_one_engine_over_chat_traffic_matches_the_prefix_oracle(config):

@@ -360,13 +360,14 @@ def chat(arrival, prompt, output, parent, group, think, gend, limit, k, budget, 
         phase_now = steps % bt
         used = blocks - free
         far, last = steps + STEPPED, False  # last: an arrival came (async: one more step, then admission)
+        ride, rode = now, -1  # (async: the start and number of the step an arrival rides)
         weights = weights_time(k, n_dec)
         while True:
             while True:
                 if t_next <= now:
                     if open_slot and (last or not lookahead):
                         break
-                    last = open_slot  # (async: the step starting now was chosen before it came)
+                    last, ride, rode = open_slot, now, steps  # (async: the step starting now was chosen before it came)
                     t_next, q_next, sp, nheap, qfirst, qlast, nwait = _arrive(  # they only lengthen the queue
                         now, t_next, q_next, sp, nheap, qfirst, qlast, nwait, arrival, heap_t, heap_i, qnext)
                 elif last:
@@ -415,8 +416,9 @@ def chat(arrival, prompt, output, parent, group, think, gend, limit, k, budget, 
         kv_peak, max_queue = max(kv_peak, used), max(max_queue, nwait)  # (a bare run admits no one)
         nruns, run_kv, run_pairs, run_nw, run_m, run_s = extend_run(
             runs, nruns, run_kv, run_pairs, run_nw, run_m, run_s, n_dec, kv0, kv0, steps - steps0, n_dec, n_dec)
-        if lookahead and steps > steps0:  # the last bare step began its time before the end
-            began = now - step_time_with(k, weights, n_dec, sum_c, sum_c, n_dec)
+        if lookahead and steps > steps0:  # the last bare step's start: exact where an arrival rode it (their tie
+            # decides its admission), else from the run's end
+            began = ride if last and steps > rode else now - step_time_with(k, weights, n_dec, sum_c, sum_c, n_dec)
     nruns = record(runs, nruns, run_nw >> 32, run_kv, run_pairs, run_m, run_nw & 0xFFFFFFFF, run_s)
     return steps, busy, max_queue, preemptions, kv_sum, kv_peak, nruns, ngaps, False
 

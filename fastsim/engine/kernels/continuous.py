@@ -113,8 +113,7 @@ def continuous(arrival, prompt, output, replicas, code, routes, limit, k, budget
     held = work[2]  # blocks held beyond the prefix (reserve; paged non-decoders)
     dbase = work[3]  # decoders: the step count when they became decoders (set then)
     phase = work[4]  # decoders: they need a new block at steps == phase (mod bt) (set then)
-    # (a request preempted under REHIT keeps in these two where its blocks start in the free
-    # queue's order and the tokens they held: own_hit)
+    # (a request preempted under REHIT keeps in these two its blocks' place in the free queue and their tokens: own_hit)
     last_t = work[5].view(np.float64)  # time of the last token (set when a later gap reads it)
     rprev = work[6]  # each replica's running list, in admission order
     rnext = work[7]
@@ -358,8 +357,8 @@ def continuous(arrival, prompt, output, replicas, code, routes, limit, k, budget
                         rhead, rtail = unlink(rprev, rnext, rhead, rtail, i)
                         running -= 1
                     i = nx
-                # 4. fast path: only decoders, nobody to admit, until the next routing instant, an
-                # arrival that would be admitted, a completion or a step whose new blocks do not fit
+                # 4. fast path: only decoders, nobody to admit, until the next routing instant, an arrival
+                # that would be admitted, a completion or a step whose new blocks do not fit
                 if partial >= 0 or n_dec == 0 or preempted:
                     continue
                 if nwait > 0 and running < limit:
@@ -376,14 +375,14 @@ def continuous(arrival, prompt, output, replicas, code, routes, limit, k, budget
                 open_slot = running < limit and nwait == 0  # an arrival would be admitted
                 phase_now = steps % bt
                 used = blocks - free if limited else 0  # only grows here: its peak is its last value
-                far, last = steps + STEPPED, False  # past far, the rest in closed form; last: see below
+                far, last, ride, rode = steps + STEPPED, False, now, -1  # past far, closed form; last, ride: below
                 weights = weights_time(k, n_dec)
                 while True:
                     while now < until:
                         if head < timed_end and arrival[head] <= now:
                             if open_slot and (last or not lookahead):
                                 break
-                            last = open_slot  # (async: the step starting now was chosen before it came)
+                            last, ride, rode = open_slot, now, steps  # (async: this step's batch predates it)
                             while head < timed_end and arrival[head] <= now:  # they only lengthen the queue
                                 head += 1
                                 nwait += 1
@@ -434,8 +433,9 @@ def continuous(arrival, prompt, output, replicas, code, routes, limit, k, budget
                 kv_peak, max_queue = max(kv_peak, used), max(max_queue, nwait)  # (a bare run admits no one)
                 nruns, run_kv, run_pairs, run_nw, run_m, run_s = extend_run(
                     runs, nruns, run_kv, run_pairs, run_nw, run_m, run_s, n_dec, kv0, kv0, steps - steps0, n_dec, n_dec)
-                if lookahead and steps > steps0:  # the last bare step began its time before the end
-                    began_r[rep] = now - step_time_with(k, weights, n_dec, sum_c, sum_c, n_dec)
+                if lookahead and steps > steps0:  # the last bare step's start (exact where an arrival rode it)
+                    d = step_time_with(k, weights, n_dec, sum_c, sum_c, n_dec)
+                    began_r[rep] = ride if last and steps > rode else now - d
             now_r[rep] = now
             st[rep, RHEAD], st[rep, RTAIL], st[rep, RUNNING] = rhead, rtail, running
             st[rep, CURSOR], st[rep, N_DEC], st[rep, SUM_C] = cursor, n_dec, sum_c
