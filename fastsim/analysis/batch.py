@@ -34,7 +34,7 @@ def _points(kernel, plan, api_s, requests, room, objectives, rows):
     """Point i on requests ``starts[i]:starts[i + 1]`` (of ``requests``: arrival, prompt,
     output, starts) with ``room`` (first token and done times for every request; runs, gaps
     and work for the largest point); ``objectives``: (max_batch, SLO bounds, whether any is set,
-    GPUs, USD per hour). Fills each finished point's row; returns which finished."""
+    GPUs, USD per hour, whether ITL is measured). Fills each finished point's row; returns which finished."""
     arrival, prompt, output, starts = requests
     first_token, done, runs, gaps, work = room
     max_batch, bounds, has_slo, gpus, usd_per_hour, with_itl = objectives
@@ -116,7 +116,7 @@ class _Group:
         requests = (np.concatenate([t.arrival_s for t in traffic]), np.concatenate([t.prompt_tokens for t in traffic]),
                     np.concatenate([t.output_tokens for t in traffic]), np.cumsum([0] + sizes))
         bounds, has_slo = slo_bounds((c.slo.ttft_s, c.slo.tpot_s, c.slo.e2e_s))
-        objectives = (c.engine.max_batch, bounds, has_slo, pools.gpus(c), pools.usd_per_hour(c), True)  # ITL too
+        objectives = (c.engine.max_batch, bounds, has_slo, pools.gpus(c), pools.usd_per_hour(c), True)
         out = np.full((len(sizes), len(METRICS)), np.nan)  # prefix_hit_rate: NaN without a prefix cache
         finished = LOOPS[kernel](p.numbers, p.api_s, requests, room, objectives, out)
         for (r, config, t), row, ok in zip(self.members, out, finished.tolist()):
