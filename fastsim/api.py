@@ -270,12 +270,13 @@ def plan_to_file(
 
 
 def calibrate(config: Config, measured: list[str | Path], fit: list[str] | None = None, out: str | Path | None = None,
-              on_read: Callable[[list], None] | None = None):
+              on_read: Callable[[list], None] | None = None, on_evaluation: Callable[[int], None] | None = None):
     """Fit ``config``'s calibration (the keys ``fit``, default every one; the jitter's only when
     some run measured a tail) to the runs of the
     ``measured`` files (:mod:`fastsim.analysis.measured`); write the fitted ``calibration:``
     section to ``out`` (YAML, atomically) when given. ``on_read(runs)`` is told the runs read,
-    before the fit starts. Returns the :class:`~fastsim.analysis.calibrate.Fit`."""
+    before the fit starts, and ``on_evaluation(count)`` each evaluation's count as it ends (every
+    run simulated once). Returns the :class:`~fastsim.analysis.calibrate.Fit`."""
     from .analysis import calibrate as fitting
     from .analysis.measured import read
 
@@ -286,7 +287,7 @@ def calibrate(config: Config, measured: list[str | Path], fit: list[str] | None 
     keys = fitting.fit_keys(fit, runs)
     if on_read is not None:
         on_read(runs)
-    result = fitting.fit(runs, keys)
+    result = fitting.fit(runs, keys, on_evaluation)
     if out is not None:
         with atomic_path(Path(out)) as tmp:
             tmp.write_text(fitting.calibration_yaml(result))

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -125,8 +126,9 @@ def fit_keys(names: list[str] | None, runs: list[Measured] = ()) -> list[str]:
 class _Runs:
     """The measured runs, their traffic drawn once, simulated with given calibration values."""
 
-    def __init__(self, runs: list[Measured]):
+    def __init__(self, runs: list[Measured], on_evaluation: Callable[[int], None] | None = None):
         self.runs = runs
+        self.on_evaluation = on_evaluation  # told the count after each evaluation (progress)
         self.traffic: list[Traffic] = [run.traffic or traffic_of.of(run.config) for run in runs]
         self.itl = [any(name.startswith("itl_") for name in run.metrics) for run in runs]  # (the costliest metric)
         self.evaluations = 0
@@ -134,8 +136,11 @@ class _Runs:
     def results(self, values: dict[str, float]) -> list:
         """Every run simulated with ``values`` (its ITL quantiles only if it measured them)."""
         self.evaluations += 1
-        return [simulate(run.config.at(values), traffic, checked=True, with_itl=itl)
-                for run, traffic, itl in zip(self.runs, self.traffic, self.itl)]
+        results = [simulate(run.config.at(values), traffic, checked=True, with_itl=itl)
+                   for run, traffic, itl in zip(self.runs, self.traffic, self.itl)]
+        if self.on_evaluation is not None:
+            self.on_evaluation(self.evaluations)
+        return results
 
     def predict(self, values: dict[str, float], results: list | None = None) -> list[dict[str, float]]:
         """Per run, the metrics it measured, simulated with ``values`` (or read from their ``results``)."""
@@ -202,15 +207,16 @@ JITTER_GRID = [(rate, median, sigma) for rate in (1.0, 3.0, 10.0) for median in 
                for sigma in (0.5, 1.0)]
 
 
-def fit(runs: list[Measured], keys: list[str]) -> Fit:
+def fit(runs: list[Measured], keys: list[str], on_evaluation: Callable[[int], None] | None = None) -> Fit:
     """The calibration that best predicts ``runs`` (see the module docstring). With the jitter's
     values among ``keys``, twice: the engine's values with the jitter fixed, then the jitter's
-    from the best three of a grid of starts with the engine's fixed; then all of them together."""
+    from the best three of a grid of starts with the engine's fixed; then all of them together.
+    ``on_evaluation(count)`` is told each evaluation's count as it ends (every run simulated once)."""
     if not runs:
         raise ConfigError("calibrate needs at least one measured run")
     start = runs[0].config.calibration
     before = {k: float(getattr(start, k.removeprefix("calibration."))) for k in keys}
-    sims = _Runs(runs)
+    sims = _Runs(runs, on_evaluation)
     current = dict(before)
     jitter = [k for k in keys if k.removeprefix("calibration.") in JITTER]
     engine = [k for k in keys if k not in jitter]

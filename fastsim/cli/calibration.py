@@ -42,10 +42,15 @@ def calibrate(
             if not as_json:
                 err.print(f"fitting {fit or 'every calibration key'} to {len(runs)} run(s) of {len(measured)} file(s) ...")
 
-        try:
-            result = run_calibrate(cfg, measured, fit.split(",") if fit else None, destination, on_read)
-        except OSError as exc:
-            raise fail(f"{destination}: {exc.strerror or exc}") from None
+        with err.status("fitting ...") as status:  # (a spinner on a terminal, else silent)
+            def on_evaluation(count: int) -> None:
+                status.update(f"fitting: {count:,} evaluations, {time.perf_counter() - started:.0f} s")
+
+            try:
+                result = run_calibrate(cfg, measured, fit.split(",") if fit else None, destination, on_read,
+                                       on_evaluation)
+            except OSError as exc:
+                raise fail(f"{destination}: {exc.strerror or exc}") from None
     err.print(f"wrote {destination} ({len(result.runs)} runs, {result.evaluations} evaluations in "
               f"{time.perf_counter() - started:.1f} s)")
     for warning in result.warnings:

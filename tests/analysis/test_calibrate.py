@@ -194,6 +194,16 @@ def test_a_subset_of_keys_is_fitted_alone(tmp_path):
     assert written["api_overhead_ms"] == pytest.approx(fit["calibration"]["api_overhead_ms"], abs=1e-6)
 
 
+def test_the_fit_reports_its_progress_evaluation_by_evaluation():
+    """``on_evaluation`` (the CLI's spinner) hears every evaluation's count, in order, as it ends."""
+    from fastsim import calibrate
+
+    counts = []
+    result = calibrate(load_config(BASE), [ROOT / "configs/calibration/vllm-2026-02-h100.csv"], ["api_overhead_ms"],
+                       on_evaluation=counts.append)
+    assert counts == list(range(1, result.evaluations + 1))
+
+
 def test_a_rounding_level_change_of_the_simulation_does_not_move_the_fit(tmp_path, monkeypatch):
     """The search compares costs that differ in their last digits; rounded residuals keep it on
     one path when every simulated metric moves by 1e-12 (as adding a run's step times up in
