@@ -180,3 +180,18 @@ def test_async_scheduling_admits_a_request_arriving_at_a_busy_engine_one_step_la
     lag = 0.01 if async_scheduling else 0.0
     assert out.first_token_s == pytest.approx([0.01, 0.03 + lag, 1.01], rel=1e-6)
     assert out.done_s[1] == pytest.approx(0.04 + lag, rel=1e-6)
+
+
+def test_async_scheduling_admits_an_arrival_at_a_bare_steps_start_exactly_once_ridden():
+    """Steps of exactly 10 ms; request 1 arrives at the start of the decode step [0.02, 0.03) s,
+    rides it, and joins the next (first token at 0.04 s). The kernel once rebuilt that step's
+    start from its end as 0.03 - 0.01, an ulp below 0.02, and admitted it a step late."""
+    from fastsim.engine.traffic import Traffic
+
+    config = Config().with_values({"model.weight_gb": 0.0, "model.kv_bytes_per_token": 0.0,
+                                   "calibration.step_overhead_ms": 10.0, "engine.max_batched_tokens": 64,
+                                   "engine.async_scheduling": True})
+    start = 0.01 + 0.01  # the step's start as the kernel sums it
+    assert (start + 0.01) - 0.01 < start  # (the tie this test is about)
+    traffic = Traffic(np.array([0.0, start]), np.array([4, 4], np.int64), np.array([30, 2], np.int64))
+    assert kernels.run(config, traffic).first_token_s[1] == start + 0.01 + 0.01
