@@ -232,10 +232,11 @@ def fit(runs: list[Measured], keys: list[str], on_evaluation: Callable[[int], No
         current = min((_search(sims, current, jitter, v) for v in ranked), key=lambda found: found[1])[0]
     for loss in LOSSES:
         current, cost = _search(sims, {}, keys, current, loss)
-    predicted_before = sims.predict(before)
+    started = sims.results(before)
+    predicted_before = sims.predict(before, started)
     kept = _cost(sims.residuals(before, predicted_before))  # the start stays unless the search beats it (KEEP):
     after, cost = (before, kept) if kept <= cost * (1 + KEEP) else (current, cost)  # else a refit wanders the ridges
-    fitted = sims.results(after)
+    fitted = started if after is before else sims.results(after)
     return Fit(keys, before, after, runs, predicted_before, sims.predict(after, fitted), cost, sims.evaluations,
                [result.overloaded for result in fitted])
 
