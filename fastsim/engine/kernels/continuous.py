@@ -434,8 +434,8 @@ def continuous(arrival, prompt, output, replicas, code, routes, limit, k, budget
                 nruns, run_kv, run_pairs, run_nw, run_m, run_s = extend_run(
                     runs, nruns, run_kv, run_pairs, run_nw, run_m, run_s, n_dec, kv0, kv0, steps - steps0, n_dec, n_dec)
                 if lookahead and steps > steps0:  # the last bare step's start (exact where an arrival rode it)
-                    d = step_time_with(k, weights, n_dec, sum_c, sum_c, n_dec)
-                    began_r[rep] = ride if last and steps > rode else now - d
+                    began_r[rep] = ride if last and steps > rode else (
+                        now - step_time_with(k, weights, n_dec, sum_c, sum_c, n_dec))
             now_r[rep] = now
             st[rep, RHEAD], st[rep, RTAIL], st[rep, RUNNING] = rhead, rtail, running
             st[rep, CURSOR], st[rep, N_DEC], st[rep, SUM_C] = cursor, n_dec, sum_c
