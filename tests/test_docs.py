@@ -92,6 +92,23 @@ def test_no_page_points_outside_the_repository(path):
         assert resolved.is_relative_to(ROOT) and resolved.exists(), target
 
 
+def _anchors(page: Path) -> set[str]:
+    """The anchors MkDocs gives a page's headings (the toc extension's slugs)."""
+    from markdown.extensions.toc import slugify
+
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    return {slugify(re.sub(r"[`*]", "", title).strip(), "-") for title in re.findall(r"^#+ (.+)$", text, re.M)}
+
+
+@pytest.mark.parametrize("path", TEXTS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_link_to_a_section_finds_it(path):
+    """A link ``page.md#section`` names a heading of that page (mkdocs --strict checks the site
+    too; this says which link on which page)."""
+    for target, anchor in re.findall(r"\]\(([^)#\s]*)#([^)\s]+)\)", path.read_text()):
+        page = (path.parent / target).resolve() if target else path
+        assert anchor in _anchors(page), f"{target}#{anchor}"
+
+
 def test_the_h100_load_table_is_the_sweep():
     """docs/validation.md's table of configs/h100.yaml at 256 sequences and budget 8192."""
     text = (ROOT / "docs/validation.md").read_text()
