@@ -8,6 +8,7 @@ import contextlib
 import io
 import re
 import shlex
+import unicodedata
 from pathlib import Path
 
 import pytest
@@ -93,11 +94,12 @@ def test_no_page_points_outside_the_repository(path):
 
 
 def _anchors(page: Path) -> set[str]:
-    """The anchors MkDocs gives a page's headings (the toc extension's slugs)."""
-    from markdown.extensions.toc import slugify
-
+    """The anchors MkDocs gives a page's headings (the toc extension's slugs: ASCII word
+    characters, spaces and hyphens kept, lower case, runs of spaces and hyphens one hyphen)."""
     text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
-    return {slugify(re.sub(r"[`*]", "", title).strip(), "-") for title in re.findall(r"^#+ (.+)$", text, re.M)}
+    titles = (unicodedata.normalize("NFKD", re.sub(r"[`*]", "", t)).encode("ascii", "ignore").decode()
+              for t in re.findall(r"^#+ (.+)$", text, re.M))
+    return {re.sub(r"[-\s]+", "-", re.sub(r"[^\w\s-]", "", t).strip().lower()) for t in titles}
 
 
 @pytest.mark.parametrize("path", TEXTS, ids=lambda p: str(p.relative_to(ROOT)))
