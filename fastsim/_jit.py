@@ -17,7 +17,8 @@ import hashlib
 from pathlib import Path
 
 import numba
-from numba.core import caching
+from numba.core import caching, cgutils, types
+from numba.extending import intrinsic
 
 PACKAGE = Path(__file__).resolve().parent
 
@@ -81,3 +82,21 @@ def smallest(a):
     for v in a:
         m = min(m, v)
     return m
+
+
+@intrinsic
+def unmanaged(typingctx, array):
+    """A view of ``array`` that Numba does not reference-count: every use of an array in compiled
+    code (given to a helper that branches or is called apart, taken out of a tuple) costs an
+    atomic increment and decrement of its count, measured a call's whole cost (31.6 against 1.9 ns
+    a call with five arrays). The view is valid while something else holds ``array``: a caller's
+    argument, or a variable of the function used after its last use of the view."""
+
+    def codegen(context, builder, signature, args):
+        original = context.make_array(array)(context, builder, value=args[0])
+        view = context.make_array(array)(context, builder)
+        cgutils.copy_struct(view, original)
+        view.meminfo = context.get_constant_null(types.MemInfoPointer(array.dtype))
+        return view._getvalue()
+
+    return array(array), codegen

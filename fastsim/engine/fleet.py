@@ -3,20 +3,23 @@ a router, optionally with a prefill pool in front. The driver folds each pool in
 plan once, routes, runs the pools and pools their outcomes into one (counters summed, latencies
 over every request, the step runs of every replica for the inter-token latencies).
 
+Every continuous-batching run is the serving loop's (:mod:`.kernels.serve`), in one of its
+shapes (:mod:`.kernels._shape`):
+
 - One replica and no prefill pool is the single engine (:func:`fastsim.engine.kernels.run`).
 - A static router (round robin, random) decides from the request alone: each replica runs its
-  own requests apart, on the one-engine kernels. A load-aware router needs the replicas advanced
-  together: the continuous kernel's pool (:mod:`.kernels.continuous`).
-- Prefix caching or sessions: one loop for one engine or any router (:mod:`.kernels.prefix`),
-  which also releases each session's next turn when the turn before is done; one engine over
-  system prompts and sessions, or replicas over system prompts behind a static router (each
-  apart), run on :mod:`.kernels.chat` (the cache as runs of blocks).
+  own requests apart, as one engine. A load-aware router needs the replicas advanced together:
+  one run of the pool.
+- Content that requests share (system prompts, sessions: the prefix cache as runs of blocks,
+  :mod:`.kernels._segments`), and sessions, whose next turn the run releases when the turn before
+  is done: one run of one engine or of the pool, behind any router. A trace's recorded sharing
+  runs on the block-by-block loop (:mod:`.kernels.prefix`).
 - Disaggregated: the prefill pool runs each prompt as a one-token request (the prefill
   replicas' hardware, tp and budget; the shared prefix cached there); each prefill replica's KV
   link carries the prompts to the decode pool (:mod:`.link`), which routes them in order of KV
   arrival and decodes them from c = p, g = 1 (no pinned prefix), so the gap to the second token
-  includes the transfer. Sessions behind a prefill pool run both pools in the cache's loop: a
-  turn waits on the decode pool.
+  includes the transfer. Sessions behind a prefill pool run both pools in one run: a turn waits
+  on the decode pool.
 """
 
 from __future__ import annotations
@@ -32,9 +35,14 @@ from . import content as shares
 from . import link, router, stalls
 from .kernels import (FULL_COLUMNS, Outcome, Plan, Scratch, longest_output, outcome, run_engine, with_api,
                       with_room)
-from .kernels import chat, prefix
-from .kernels.continuous import WORK_ROWS, continuous
+from .kernels import prefix
+from .kernels import _segments as segments
+from .kernels._kv import PAGED, RESERVE, Counters, Runs
+from .kernels._shape import WORK_ROWS, Pool, Rules, routing as routing_of
+from .kernels.serve import serve
+from .router import ONE_ENGINE
 from .traffic import Traffic, routes
+from ..model.cost import frozen, step_time
 
 def _merge(parts: list[tuple[np.ndarray, Outcome]], n: int, k: np.ndarray) -> Outcome:
     """One outcome from replicas' (their requests, their outcome), in engine time."""
@@ -81,15 +89,38 @@ def _pool(p: Plan, name: str, replicas: int, arrival: np.ndarray, prompt: np.nda
     if not how.load_aware:
         return _apart(router.assign(name, replicas, draws), replicas, p.k, lambda ids: run_engine(
             p, arrival[ids], prompt[ids], output[ids], scratch, token_1[ids] if token_1.size else token_1))
+    return _served_pool(p, name, replicas, arrival, prompt, output, draws, scratch, token_1)
+
+
+def _served_pool(p: Plan, name: str, replicas: int, arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray,
+                 draws: np.ndarray, scratch: Scratch | None, token_1: np.ndarray = np.empty(0)) -> Outcome:
+    """:func:`_pool` with every replica in one run of :mod:`.kernels.serve` (a load-aware router)."""
+    how = ROUTERS[name]
+    n = arrival.size
     blocks = p.blocks if p.blocks >= 0 or not how.counts_blocks else 1 << 50  # counted in a cache of any size
     first, done = np.empty(n), np.empty(n)
     replica = np.empty(n, np.int64)
     scratch = Scratch() if scratch is None else scratch
-    counters, runs, gaps = with_room(n, scratch, False, lambda runs, gaps: continuous(
-        arrival, prompt, output, replicas, how.code, draws.astype(np.int64), p.limit, p.k, p.budget,
-        blocks, p.block_tokens, p.kv_mode, p.prefix_blocks, p.max_output, p.lookahead, token_1, first, done, replica,
-        runs, gaps, scratch.work(WORK_ROWS, n)))
+    k = frozen(p.k)
+    pools = Pool(0, k, p.budget, blocks, np.inf), Pool(replicas, k, p.budget, blocks, np.inf)
+    rules = Rules(p.limit, p.block_tokens, p.prefix_blocks, p.kv_mode == RESERVE, p.max_output, p.lookahead, 0.0)
+    routing = routing_of(how.code, draws.astype(np.int64), 1.0, NO_TIMES, NO_TIMES, NO_ROUTES, token_1)
+    counters, runs, gaps = with_room(n, scratch, False, lambda runs, gaps: _counters(serve(
+        arrival, prompt, output, *pools, rules, routing, Counters(p.kv_mode, p.max_output), NO_CACHE, first, done,
+        replica, NO_ROUTES, runs, gaps, scratch.work(WORK_ROWS, n)))[1])
     return outcome(p, first, done, counters, runs, gaps, replica.astype(np.int32))
+
+
+NO_TIMES = np.empty(0)
+NO_ROUTES = np.empty(0, np.int64)
+NO_CACHE = np.empty((0, 0), np.int64)  # the prefix cache's array, where KV is counted
+
+
+def _counters(got: tuple) -> tuple[tuple, tuple, bool]:
+    """:func:`.kernels.serve.serve`'s counters as :class:`~.kernels.Counters` takes them: (the
+    prefill pool's, the others', whether it stopped)."""
+    pre, counts, nruns, ngaps, stopped = got
+    return (*pre, 0, 0), (*counts, nruns, ngaps), stopped
 
 
 def run(config: Config, traffic: Traffic, scratch: Scratch | None = None) -> Outcome:
@@ -108,10 +139,8 @@ def run(config: Config, traffic: Traffic, scratch: Scratch | None = None) -> Out
         if traffic.content is None:
             out = _unshared(plan, f.router, f.replicas, traffic, draws, scratch)
         else:
-            out = _chat(config, plan, traffic, draws, scratch)
-            if out is None:
-                out = _cached(config, plan, f.replicas, traffic, output, draws, scratch)
-                out = dataclasses.replace(out, replica=None) if f.replicas == 1 else out  # one engine's, as always
+            out = _shared(config, plan, traffic, draws, scratch)
+            out = dataclasses.replace(out, replica=None) if f.replicas == 1 else out  # one engine's, as always
     elif kind != "disaggregated":  # replicas apart or a coupled pool: the router decides
         out = _pool(plan, f.router, f.replicas, arrival, prompt, output, draws, scratch)
     else:
@@ -123,7 +152,7 @@ def run(config: Config, traffic: Traffic, scratch: Scratch | None = None) -> Out
 def _unshared(p: Plan, router: str, replicas: int, traffic: Traffic, draws: np.ndarray, scratch: Scratch | None
               ) -> Outcome:
     """A prefix cache over requests that share nothing hits only a request's own blocks, when it
-    is admitted again after a preemption: the fast kernels model that (the plan's REHIT), and
+    is admitted again after a preemption: the KV counters model that (the plan's REHIT), and
     otherwise run as without the cache (prefix-aware routing is then least_kv: every replica
     would miss the whole prompt)."""
     arrival, prompt, output = traffic.arrival_s, traffic.prompt_tokens, traffic.output_tokens
@@ -141,67 +170,90 @@ def _no_hits(out: Outcome) -> Outcome:
     return dataclasses.replace(out, cached_tokens=np.zeros(len(out.done_s), np.int64), prefix_hit_rate=0.0)
 
 
-def _chat(config: Config, p: Plan, traffic: Traffic, draws: np.ndarray, scratch: Scratch | None) -> Outcome | None:
-    """The prefix cache over system prompts and sessions on :mod:`.kernels.chat` (engine times):
-    one engine, or replicas behind a static router when requests share only system prompts (each
-    replica then runs apart); None where that kernel does not apply or stopped (then
-    :func:`_cached`)."""
-    f = config.fleet
-    if not config.engine.prefix_caching or p.blocks < 0:
-        return None
+def _shared(config: Config, p: Plan, traffic: Traffic, draws: np.ndarray, scratch: Scratch | None,
+            output: np.ndarray | None = None, prefill: tuple[Plan, np.ndarray] | None = None) -> Outcome:
+    """Requests that share content (system prompts, sessions, a trace's records) on ``p``'s
+    replicas (engine times); ``output``: the outputs they run (ones on a prefill pool run alone).
+    With ``prefill`` (the prefill replicas' plan and their random router's draws), the replicas
+    decode behind a prefill pool in the same loop (sessions: a turn waits on the decode pool).
+    System prompts and sessions run on :mod:`.kernels.serve` (the prefix cache as runs of blocks);
+    a trace's records on the block-by-block loop (:mod:`.kernels.prefix`)."""
     tree = shares.chat_tree(traffic.content, traffic.prompt_tokens, traffic.output_tokens)
-    if tree is None or (f.replicas > 1 and (ROUTERS[f.router].load_aware or traffic.content.closed_loop)):
-        return None
+    output = traffic.output_tokens if output is None else output
+    out = None if tree is None else _served(config, p, traffic, tree, draws, scratch, output, prefill)
+    if out is None:
+        out = _blockwise(config, p, traffic, output, draws, scratch, prefill)
+    return out
+
+
+def _slack(k: np.ndarray, releases: float) -> float:
+    """The least time after a replica's clock at which an arrival it releases can come: its
+    shortest step (one token), then ``releases`` (inf: it releases none)."""
+    return step_time(k, 1, 1, 1, 0) + releases
+
+
+def _served(config: Config, p: Plan, traffic: Traffic, tree: tuple, draws: np.ndarray, scratch: Scratch | None,
+            output: np.ndarray, prefill: tuple[Plan, np.ndarray] | None) -> Outcome | None:
+    """:func:`_shared` on :mod:`.kernels.serve`; None where its cache's bookkeeping stopped."""
+    f, c = config.fleet, traffic.content
+    n = len(traffic)
+    caching = config.engine.prefix_caching
     parent, group, tokens = tree
-    gend = tokens // p.block_tokens
+    bt = p.block_tokens
+    pre_plan, pre_draws = prefill if prefill is not None else (p, NO_ROUTES)
+    npre = f.prefill_replicas if prefill is not None else 0
+    think = c.think_s if c.closed_loop else NO_TIMES
+    turns = p.api_s + float(np.nanmin(think)) if think.size and not np.isnan(think).all() else np.inf
+    link_s = link.transfer_s(config, traffic.prompt_tokens) if npre else NO_TIMES
+    pre_slack = _slack(pre_plan.k, min(float(link_s.min()) if n else np.inf, turns)) if npre else np.inf
+    dec_slack = _slack(p.k, turns)
+    if min(pre_slack, dec_slack) <= 0:  # steps that take no time: replicas cannot be kept in step
+        return None
+    one = f.replicas == 1 and not npre
+    code = ONE_ENGINE if one else ROUTERS[f.router].code
+    gend = tokens // bt
     if gend == 0:
         group = np.full_like(group, -1)
-    n = len(traffic)
-    groups = int(group.max()) + 1 if n else 0
-    arrival, prompt, output, think = traffic.arrival_s, traffic.prompt_tokens, traffic.output_tokens, traffic.content.think_s
+    groups = max(int(group.max()) + 1, 1) if n else 1
+    pb = 0 if caching else p.prefix_blocks
+    rules = Rules(p.limit, bt, pb, False, p.max_output, p.lookahead, p.api_s)
+    routing = routing_of(code, (pre_draws if npre else draws).astype(np.int64), f.prefix_weight, think, link_s,
+                         draws.astype(np.int64), NO_TIMES, prefill=npre > 0)
+    pre = Pool(npre, frozen(pre_plan.k), pre_plan.budget, pre_plan.blocks, pre_slack)
+    dec = Pool(f.replicas, frozen(p.k), p.budget, p.blocks, dec_slack)
     scratch = Scratch() if scratch is None else scratch
-    if f.replicas == 1:
-        got = _chat_engine(p, arrival, prompt, output, parent, group, think, gend, groups, scratch)
-        return None if got is None else _with_hits(got[0], traffic, got[1], got[2], True)
-    cached = np.empty(n, np.int64)
-
-    def one(ids: np.ndarray) -> Outcome | None:
-        got = _chat_engine(p, arrival[ids], prompt[ids], output[ids], parent[ids], group[ids], think[ids], gend, groups,
-                           scratch)
-        if got is not None:
-            cached[ids] = got[2]
-        return None if got is None else got[0]
-
-    merged = _apart(router.assign(f.router, f.replicas, draws), f.replicas, p.k, one)
-    return None if merged is None else _with_hits(merged, traffic, arrival, cached, True)
-
-
-def _chat_engine(p: Plan, arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray, parent: np.ndarray,
-                 group: np.ndarray, think: np.ndarray, gend: int, groups: int, scratch: Scratch
-                 ) -> tuple[Outcome, np.ndarray, np.ndarray] | None:
-    """One engine on :mod:`.kernels.chat`: (its outcome, the arrivals the run set, cached tokens),
-    or None if the kernel stopped."""
-    n = arrival.size
-    got = []
+    first, done = np.empty(n), np.empty(n)
+    replica, pre_replica = np.full(n, -1, np.int64), np.full(n, -1, np.int64)
+    got = []  # the last call's arrivals, KV state and counters
 
     def call(runs: np.ndarray, gaps: np.ndarray) -> tuple:
-        got[:] = [chat.run(arrival, prompt, output, parent, group, think, gend, groups, p.limit, p.k, p.budget, p.blocks,
-                           p.block_tokens, p.lookahead, p.api_s, runs, gaps, scratch.work(chat.WORK_ROWS, n))]
-        return (0,) * 8 if got[0] is None else got[0][-1]
+        arrived = traffic.arrival_s.copy()
+        if caching:
+            cache, layout = segments.start(max(p.blocks, pre_plan.blocks), groups, npre + f.replicas, group, parent)
+            kv = Runs(*layout, gend)
+        else:
+            kv, cache = Counters(PAGED, p.max_output), NO_CACHE
+        counters = _counters(serve(arrived, traffic.prompt_tokens, output, pre, dec, rules, routing, kv, cache, first,
+                                   done, replica, pre_replica, runs, gaps, scratch.work(WORK_ROWS, n)))
+        got[:] = [arrived, cache, counters]
+        return (0,) * 8 if counters[2] else counters[1]
 
     counters, runs, gaps = with_room(n, scratch, False, call)
-    if got[0] is None:
+    arrived, cache, (pre_counters, _, stopped) = got
+    if stopped:
         return None
-    first, done, arrived, cached, _ = got[0]
-    return outcome(p, first, done, counters, runs, gaps), arrived, cached
+    cached = cache[-n:, segments.CACHED].copy() if caching and n else np.zeros(n, np.int64)
+    out = outcome(p, first, done, counters, runs, gaps, None if one else replica.astype(np.int32))
+    if npre:
+        pre_out = outcome(pre_plan, first, done, pre_counters, runs[:0], gaps[:0])
+        out = _joined(pre_out, out, first, done, replica.astype(np.int32), pre_replica.astype(np.int32))
+    return _with_hits(out, traffic, arrived, cached, caching)
 
 
-def _cached(config: Config, p: Plan, replicas: int, traffic: Traffic, output: np.ndarray, draws: np.ndarray,
-            scratch: Scratch | None, prefill: tuple[Plan, np.ndarray] | None = None) -> Outcome:
-    """The prefix-caching loop (:mod:`.kernels.prefix`) on ``replicas`` replicas of plan ``p``
-    (engine times); ``output``: the outputs it runs (ones on a prefill pool). With ``prefill``
-    (the prefill replicas' plan and their random router's draws), the replicas decode behind a
-    prefill pool in the same loop (sessions: a turn waits on the decode pool)."""
+def _blockwise(config: Config, p: Plan, traffic: Traffic, output: np.ndarray, draws: np.ndarray,
+               scratch: Scratch | None, prefill: tuple[Plan, np.ndarray] | None = None) -> Outcome:
+    """The block-by-block prefix-caching loop (:mod:`.kernels.prefix`) on ``p``'s replicas (engine
+    times); arguments as :func:`_shared`'s."""
     scratch = Scratch() if scratch is None else scratch
     f = config.fleet
     n = len(traffic)
@@ -217,7 +269,7 @@ def _cached(config: Config, p: Plan, replicas: int, traffic: Traffic, output: np
     def call(runs: np.ndarray, gaps: np.ndarray) -> tuple:
         *got[:], counters = prefix.run(
             traffic.arrival_s, prompt, output, c.parent, c.shared, c.hash_start, c.hash_ids, c.hash_block, c.think_s,
-            replicas, ROUTERS[f.router].code, draws.astype(np.int64), f.prefix_weight, p.limit, p.k, p.budget,
+            f.replicas, ROUTERS[f.router].code, draws.astype(np.int64), f.prefix_weight, p.limit, p.k, p.budget,
             p.blocks, p.block_tokens, config.engine.prefix_caching, p.lookahead, p.api_s, runs, gaps, pool)
         return counters
 
@@ -264,14 +316,17 @@ def _disaggregated(config: Config, plan: Plan, traffic: Traffic, draws: np.ndarr
     prefill = Plan.of(pools.prefill_config(config), 1)
     pre_draws = routes(config.workload, n, f.prefill_replicas, 1) if ROUTERS[f.router].draws else draws
     if traffic.content is not None and traffic.content.closed_loop:  # a turn waits on the decode pool: one loop
-        return _cached(config, plan, f.replicas, traffic, output, draws, scratch, (prefill, pre_draws))
+        return _shared(config, plan, traffic, draws, scratch, prefill=(prefill, pre_draws))
     ones = np.ones(n, np.int64)
-    if traffic.content is None:  # nothing shared: the fast kernels, as in _unshared
+    if traffic.content is None:  # nothing shared: the KV counters, as in _unshared
         router = "least_kv" if f.router == "prefix_aware" else f.router
         pre = _pool(prefill, router, f.prefill_replicas, arrival, prompt, ones, pre_draws, scratch)
         pre = _no_hits(pre) if config.engine.prefix_caching else pre
     else:  # the prompts are cached where they are computed
-        pre = _cached(config, prefill, f.prefill_replicas, traffic, ones, pre_draws, scratch)
+        pre_config = config.at({"fleet.replicas": f.prefill_replicas})
+        pre = _shared(pre_config, prefill, traffic, pre_draws, scratch, output=ones)
+        if pre.replica is None:
+            pre = dataclasses.replace(pre, replica=np.zeros(n, np.int32))
     ended = pre.done_s  # the end of each prompt's step: its first token (engine time)
     sent = output > 1
     reached = link.kv_arrivals(config, ended, prompt, sent, pre.replica)

@@ -19,7 +19,7 @@ RANDOM = ROUTERS["random"].code
 LEAST_OUTSTANDING = ROUTERS["least_outstanding"].code
 LEAST_KV = ROUTERS["least_kv"].code
 PREFIX_AWARE = ROUTERS["prefix_aware"].code  # scored by the prefix cache's loop itself (:mod:`.kernels.prefix`)
-ONE_ENGINE = -1  # no router: the continuous kernel's one engine takes its requests as they arrive
+ONE_ENGINE = -1  # no router: the serving loop's one engine takes its requests as they arrive
 
 
 def assign(router: str, replicas: int, routes: np.ndarray) -> np.ndarray:
@@ -31,19 +31,19 @@ def assign(router: str, replicas: int, routes: np.ndarray) -> np.ndarray:
 
 
 @inline
-def choose(code, j, routes, outstanding, used):
-    """The replica for the pool's ``j``-th request: by the router ``code``, from each replica's
-    ``outstanding`` requests (routed to it, not yet done) and KV blocks ``used``, ties to the
-    lowest index."""
+def choose(code, j, routes, outstanding, used, lo, hi):
+    """The replica in ``lo .. hi - 1`` (a pool's, of a fleet's replicas) for the pool's ``j``-th
+    request, less ``lo``: by the router ``code``, from each replica's ``outstanding`` requests
+    (routed to it, not yet done) and KV blocks ``used``, ties to the lowest index."""
     if code == ROUND_ROBIN:
-        return j % outstanding.size
+        return j % (hi - lo)
     if code == RANDOM:
         return routes[j]
-    best = 0
-    for r in range(1, outstanding.size):
+    best = lo
+    for r in range(lo + 1, hi):
         if code == LEAST_KV:
             if used[r] < used[best] or (used[r] == used[best] and outstanding[r] < outstanding[best]):
                 best = r
         elif outstanding[r] < outstanding[best]:
             best = r
-    return best
+    return best - lo

@@ -98,18 +98,18 @@ COEFFICIENT_KEYS = {
 def weights_time(k, n_tokens):
     """Seconds to read the weights a step of ``n_tokens`` tokens uses: all of them, less a
     mixture of experts' routed experts that no token picks."""
-    if k[8] != 0.0:
-        return k[1] - k[8] * math.exp(k[9] * n_tokens)
-    return k[1]
+    if k[T_EXPERTS] != 0.0:
+        return k[T_WEIGHTS] - k[T_EXPERTS] * math.exp(k[UNPICKED] * n_tokens)
+    return k[T_WEIGHTS]
 
 
 @inline
 def step_time_with(k, weights, n_tokens, kv_tokens, pairs, sampled):
     """:func:`step_time` given :func:`weights_time` (a loop over steps of one N computes it once:
     the power in every step of a bare loop cost a third of the kernel's time)."""
-    memory = weights + k[2] * kv_tokens
-    compute = k[3] * n_tokens + k[4] * pairs + k[7] * sampled
-    return k[0] + max(memory, compute) + (k[5] + k[6] * n_tokens)
+    memory = weights + k[T_KV] * kv_tokens
+    compute = k[T_TOKEN] * n_tokens + k[T_PAIR] * pairs + k[T_SAMPLE] * sampled
+    return k[OVERHEAD] + max(memory, compute) + (k[T_LINK] + k[T_LINK_TOKEN] * n_tokens)
 
 
 @inline
@@ -117,6 +117,18 @@ def step_time(k, n_tokens, kv_tokens, pairs, sampled):
     """Seconds one step takes (see the module docstring); ``k`` from :func:`coefficients`;
     ``sampled``: the rows that emit a token (the LM head runs on them)."""
     return step_time_with(k, weights_time(k, n_tokens), n_tokens, kv_tokens, pairs, sampled)
+
+
+def frozen(k: np.ndarray) -> tuple:
+    """The coefficients as a tuple of floats, as the serving loop's pools hold them (values, not
+    an array: choosing between two pools' costs a compiled loop nothing)."""
+    return tuple(float(x) for x in k)
+
+
+@inline
+def frozen_in_loop(k):
+    """:func:`frozen` in compiled code."""
+    return (k[0], k[1], k[2], k[3], k[4], k[5], k[6], k[7], k[8], k[9])
 
 
 def is_lesson(config: Config, k: np.ndarray | None = None) -> bool:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Router:
-    code: int  # what the continuous kernel's pool takes
+    code: int  # what the serving loop's pools take
     load_aware: bool  # reads the replicas' state at each request's instant (else: the request alone, replicas apart)
     counts_blocks: bool = False  # reads KV blocks in use (counted for an unlimited cache too)
     draws: bool = False  # a random replica per request, drawn with the traffic

@@ -71,19 +71,15 @@ def test_fleets_match_the_fleet_oracle(config):
 
 def coupled_round_robin(config, traffic):
     """The pool kernel on a round-robin fleet (which fleet.run runs replica by replica)."""
+    from fastsim.engine import fleet as fleet_driver
     from fastsim.engine.kernels import Plan
-    from fastsim.engine.kernels.continuous import WORK_ROWS, continuous
-    from fastsim.engine.router import ROUND_ROBIN
 
     p = Plan.of(config)
     n = len(traffic)
-    first, done, replica = np.empty(n), np.empty(n), np.empty(n, np.int64)
-    runs, gaps = np.empty((4 * n + 64, 4), np.int64), np.empty(n + 64)
-    counts = continuous(traffic.arrival_s, traffic.prompt_tokens, traffic.output_tokens, config.fleet.replicas, ROUND_ROBIN,
-                     np.empty(n, np.int64), p.limit, p.k, p.budget, p.blocks, p.block_tokens, p.kv_mode, p.prefix_blocks,
-                     p.max_output, p.lookahead, np.empty(0), first, done, replica, runs, gaps,
-                     np.full((WORK_ROWS, n + 1), -7, np.int64))
-    return first + p.api_s, done + p.api_s, replica, counts
+    out = fleet_driver._served_pool(p, "round_robin", config.fleet.replicas, traffic.arrival_s, traffic.prompt_tokens,
+                                    traffic.output_tokens, np.empty(n, np.int64), None)
+    return (out.first_token_s + p.api_s, out.done_s + p.api_s, out.replica,
+            (out.steps, out.busy_slot_steps, out.max_queue, out.preemptions))
 
 
 @settings(max_examples=100)

@@ -3,7 +3,7 @@
 The driver here validates nothing (the config was checked), folds the config into a :class:`Plan`
 of plain numbers once, allocates the outputs and calls one kernel (:mod:`.one_engine` picks it):
 the lesson's (:mod:`.lesson`) when every serving-model addition is off, else the serving model's
-(:mod:`.continuous`, :mod:`.serving_batched`). Kernels work in engine time; the client's API
+(:mod:`.serve`, :mod:`.serving_batched`). Kernels work in engine time; the client's API
 overhead is added once, by :func:`run` (or the fleet's driver), to every request's times.
 """
 
@@ -18,7 +18,7 @@ from ..._jit import inline
 from ...model import cost
 from ...model.schema import Config
 from ._calendar import COMPACT_RUN, FULL_COLUMNS, RING_MAX
-from .continuous import PAGED, REHIT, RESERVE
+from ._kv import PAGED, REHIT, RESERVE
 from .one_engine import LAYOUT, kernel_of
 
 __all__ = ["RING_MAX", "RUNS_PER_REQUEST", "Outcome", "Plan", "Scratch", "kv_totals", "longest_output", "outcome",
@@ -54,10 +54,10 @@ class Plan:
     budget: int
     blocks: int  # -1: unlimited
     block_tokens: int
-    kv_mode: int  # PAGED, RESERVE or REHIT (:mod:`.continuous`)
+    kv_mode: int  # PAGED, RESERVE or REHIT (:mod:`._kv`)
     prefix_blocks: int
     max_output: int
-    lookahead: bool  # async scheduling (:func:`.continuous.continuous`)
+    lookahead: bool  # async scheduling (:func:`.serve.serve`)
     api_s: float
 
     @property
@@ -196,7 +196,7 @@ def run_engine(p: Plan, arrival: np.ndarray, prompt: np.ndarray, output: np.ndar
                token_1: np.ndarray = NO_TOKEN_1) -> Outcome:
     """One engine on these requests (arrival-sorted), in engine time (no API overhead).
     ``token_1``: a decode replica's requests, each with its first token's time (see
-    :func:`.continuous.continuous`). With ``scratch``, the Outcome's step runs live in it: valid
+    :func:`.serve.serve`). With ``scratch``, the Outcome's step runs live in it: valid
     until the next run that uses the same scratch."""
     n = arrival.size
     first_token = np.empty(n)

@@ -1,7 +1,7 @@
-"""Arrivals that depend on the run, for the cache's kernels: the given ones (a trace's or the drawn
-ones; NaN for a session's later turn) and those a run releases (a session's next turn, a KV
-transfer), kept in a binary min-heap on (time, request) in two arrays; ties go to the lower
-request index."""
+"""Arrivals that depend on the run, for the serving loop (:mod:`.serve`) and the block-by-block
+loop (:mod:`.prefix`): the given ones (a trace's or the drawn ones; NaN for a session's later
+turn) and those a run releases (a session's next turn, a prompt's KV reaching the decode pool),
+kept in a binary min-heap on (time, request) in two arrays; ties go to the lower request index."""
 
 from __future__ import annotations
 
@@ -69,4 +69,43 @@ def turn_after(i, now, api_s, think, arrival, heap_t, heap_i, nheap):
         t = now + api_s + think[i + 1]
         arrival[i + 1] = t
         return push(heap_t, heap_i, nheap, t, i + 1)
+    return nheap
+
+
+@inline
+def arrive(now, t_next, q_next, sp, nheap, qfirst, qlast, nwait, arrival, heap_t, heap_i, qnext):
+    """One engine whose run releases arrivals: every arrival due by ``now`` (the next is
+    ``t_next``, request ``q_next``) joins the waiting queue's tail, in time order; returns the next
+    arrival and the updated state."""
+    while t_next <= now:
+        if q_next == sp:
+            sp += 1
+        else:
+            nheap = pop(heap_t, heap_i, nheap)
+        qnext[q_next] = -1
+        qnext[qlast if qlast >= 0 else qnext.size - 1] = q_next
+        qfirst = qfirst if qlast >= 0 else q_next
+        qlast = q_next
+        nwait += 1
+        t_next, q_next, sp = next_arrival(arrival, sp, heap_t, heap_i, nheap)
+    return t_next, q_next, sp, nheap, qfirst, qlast, nwait
+
+
+@jit
+def send(ended, nsent, now, link_free, rep, link_s, sent, heap_t, heap_i, nheap):
+    """A prefill step's ``nsent`` prompts (``ended``) cross replica ``rep``'s link, in order of
+    index (first come, first served); each one's KV reaches the decode pool when its transfer
+    ends. Returns the heap's size."""
+    for a in range(1, nsent):
+        i = ended[a]
+        b = a
+        while b > 0 and ended[b - 1] > i:
+            ended[b] = ended[b - 1]
+            b -= 1
+        ended[b] = i
+    for a in range(nsent):
+        i = ended[a]
+        link_free[rep] = max(now, link_free[rep]) + link_s[i]
+        sent[i] = True
+        nheap = push(heap_t, heap_i, nheap, link_free[rep], i)
     return nheap

@@ -1,5 +1,5 @@
-"""Runs of bare steps in closed form, for the serving model's continuous kernel
-(:mod:`.continuous`: one engine, or each replica of a pool).
+"""Runs of bare steps, the longer ones' last steps in closed form, for the serving loop
+(:mod:`.serve`: one engine, or each replica of a pool).
 
 A bare step schedules only the D decoders: N = D tokens, and C = A = SC + D, where SC (the
 decoders' computed tokens) grows by D a step. Between two events (an arrival that would be
@@ -29,7 +29,15 @@ import numpy as np
 from numba.cpython.unsafe.numbers import trailing_zeros
 
 from ..._jit import inline, jit
+from ...model.cost import step_time_with, weights_time
+from . import _kv as roles
+from ._arrivals import arrive
+from ._calendar import extend_run
+from ...model.cost import (OVERHEAD, T_EXPERTS, T_KV, T_LINK, T_LINK_TOKEN, T_PAIR, T_SAMPLE, T_TOKEN, T_WEIGHTS,
+                           UNPICKED)
 
+STEPPED = 16  # bare steps taken one by one before the rest of a run goes in closed form
+SHORTEST = 12  # ... if that many are left at least
 ALL = np.int64(-1)
 ONE = np.int64(1)
 
@@ -126,13 +134,13 @@ def timed(k, d, kv0, now, until, shortest, m):
     ``shortest`` would be left. ``k``: the step-time coefficients
     (:func:`fastsim.model.cost.coefficients`)."""
     n = float(d)  # the roofline's two sides, each affine in the step's index j
-    fixed = k[0] + (k[5] + k[6] * n)
-    mem0 = k[1] + k[2] * kv0
-    if k[8] != 0.0:  # the routed experts no decoder picks are not read (as :func:`step_time`)
-        mem0 -= k[8] * math.exp(k[9] * d)
-    mem_slope = k[2] * n
-    cmp0 = k[3] * n + k[4] * kv0 + k[7] * n
-    cmp_slope = k[4] * n
+    fixed = k[OVERHEAD] + (k[T_LINK] + k[T_LINK_TOKEN] * n)
+    mem0 = k[T_WEIGHTS] + k[T_KV] * kv0
+    if k[T_EXPERTS] != 0.0:  # the routed experts no decoder picks are not read (as :func:`step_time`)
+        mem0 -= k[T_EXPERTS] * math.exp(k[UNPICKED] * d)
+    mem_slope = k[T_KV] * n
+    cmp0 = k[T_TOKEN] * n + k[T_PAIR] * kv0 + k[T_SAMPLE] * n
+    cmp_slope = k[T_PAIR] * n
     if mem0 >= cmp0:
         c1, b1, c2, b2 = fixed + mem0, mem_slope, fixed + cmp0, cmp_slope
     else:
@@ -154,3 +162,96 @@ def timed(k, d, kv0, now, until, shortest, m):
             j += 1
         m = j
     return m, now + _elapsed(c1, b1, c2, b2, js, m)
+
+
+@inline
+def bare_run(k, kv, rep, bt, limit, lookahead, alone, releasing, paged, blocks, bound, bucket, occ, bcount, base, ring,
+             arrival, heap_t, heap_i, qnext, began_r, runs, running, now, queue, state, record):
+    """Bare steps of replica ``rep`` of the serving loop (:mod:`.serve`, inlined there): only its
+    ``n_dec`` decoders run and nobody can be admitted, from ``now`` up to the first step that
+    starts at or after ``bound`` (a routing instant), an arrival that would be admitted (one
+    engine, ``alone``: with async scheduling, the step after it came; ``releasing``: arrivals
+    from ``arrival`` and the heap, else from ``arrival[head]`` on), a completion or a step whose
+    new blocks do not fit. The first ``STEPPED`` one by one, the rest in closed form. The run is
+    recorded (its replica's open run extended) and the start of its last step kept. ``queue``:
+    (t_next, q_next, sp, head, nheap, qfirst, qlast, nwait); ``state``: (n_dec, sum_c, steps,
+    busy, cursor, free, aux, kv_sum, kv_peak, max_queue); ``record``: (nruns, and the open run:
+    kv, pairs, nw, m, s). Returns (now, queue, state, record) after the run (an inlined helper
+    takes fewer than 32 arguments)."""
+    t_next, q_next, sp, head, nheap, qfirst, qlast, nwait = queue
+    n_dec, sum_c, steps, busy, cursor, free, aux, kv_sum, kv_peak, max_queue = state
+    nruns, run_kv, run_pairs, run_nw, run_m, run_s = record
+    n = arrival.size
+    kv0 = sum_c + n_dec
+    steps0 = steps
+    open_slot = running < limit and nwait == 0  # an arrival would be admitted
+    phase_now = steps % bt
+    used = blocks - free if blocks >= 0 else 0  # only grows here: its peak is its last value
+    far, last, ride, rode = steps + STEPPED, False, now, -1  # past far, closed form; last, ride: below
+    weights = weights_time(k, n_dec)
+    while True:
+        while now < bound:
+            if alone and t_next <= now:
+                if open_slot and (last or not lookahead):
+                    break
+                last, ride, rode = open_slot, now, steps  # (async: this step's batch predates it)
+                if releasing:  # they only lengthen the queue
+                    t_next, q_next, sp, nheap, qfirst, qlast, nwait = arrive(
+                        now, t_next, q_next, sp, nheap, qfirst, qlast, nwait, arrival, heap_t, heap_i, qnext)
+                else:
+                    while head < n and arrival[head] <= now:
+                        head += 1
+                        nwait += 1
+                    t_next = arrival[head] if head < n else np.inf
+            elif last:
+                break
+            nxt = cursor + 1 if cursor + 1 < ring else 0
+            if bucket[base + nxt] >= 0:
+                break
+            if paged:
+                need = bcount[rep, phase_now]
+                if need > free:
+                    break
+                free, aux = roles.allocate(kv, rep, need, free, aux)
+                used += need
+                phase_now = phase_now + 1 if phase_now + 1 < bt else 0
+            kv_sum += used
+            now += step_time_with(k, weights, n_dec, sum_c + n_dec, sum_c + n_dec, n_dec)
+            steps += 1
+            busy += n_dec
+            sum_c += n_dec
+            cursor = nxt
+            if steps == far:
+                break
+        if steps != far or last:
+            break
+        # the rest in closed form up to the next event (as the steps above)
+        m = next_filled(occ, bucket, base, cursor + 1 if cursor + 1 < ring else 0, ring)
+        if paged and free < n_dec * m:  # (a step takes at most D blocks)
+            m = min(m, blocks_last(bcount, rep, phase_now, bt, n_dec, free))
+        stop = t_next if alone and open_slot else bound
+        m, now = timed(k, n_dec, sum_c + n_dec, now, stop, SHORTEST, m)
+        if m < 0:  # too short: step on
+            far = -1
+            continue
+        kv_sum += m * used
+        if paged:
+            taken, taken_sum = blocks_taken(bcount, rep, phase_now, bt, n_dec, m)
+            kv_sum += taken_sum
+            free, aux = roles.allocate(kv, rep, taken, free, aux)
+            used += taken
+        steps += m
+        busy += m * n_dec
+        sum_c += m * n_dec
+        cursor = cursor + m if cursor + m < ring else cursor + m - ring
+        if not lookahead:
+            break
+        phase_now, far = (phase_now + m) % bt, -1  # async: step on, for an arrival's one more step
+    kv_peak, max_queue = max(kv_peak, used), max(max_queue, nwait)  # (a bare run admits no one)
+    nruns, run_kv, run_pairs, run_nw, run_m, run_s = extend_run(
+        runs, nruns, run_kv, run_pairs, run_nw, run_m, run_s, n_dec, kv0, kv0, steps - steps0, n_dec, n_dec)
+    if lookahead and steps > steps0:  # the last bare step's start (exact where an arrival rode it)
+        began_r[rep] = ride if last and steps > rode else now - step_time_with(k, weights, n_dec, sum_c, sum_c, n_dec)
+    return (now, (t_next, q_next, sp, head, nheap, qfirst, qlast, nwait),
+            (n_dec, sum_c, steps, busy, cursor, free, aux, kv_sum, kv_peak, max_queue),
+            (nruns, run_kv, run_pairs, run_nw, run_m, run_s))

@@ -1,6 +1,5 @@
-"""Helpers of the serving model's continuous kernel (:mod:`.continuous`): the start of its
-per-request state, the admission-ordered running list and a doubly linked completion
-calendar, from which a preempted request leaves in O(1).
+"""Helpers of the serving loop (:mod:`.serve`): the admission-ordered running list, the waiting
+queues and a doubly linked completion calendar, from which a preempted request leaves in O(1).
 
 Bucket ``b`` of the calendar heads a list of the requests due at steps == b (mod its size);
 ``cprev`` of a bucket's first member is -2 - b, so a member can unlink itself.
@@ -18,22 +17,6 @@ from __future__ import annotations
 import numpy as np
 
 from ..._jit import inline
-
-
-@inline
-def fresh(work, prompt, token_1):
-    """Start a continuous kernel's per-request state in ``work`` (rows 0 tokens emitted, 1 tokens
-    computed, 2 blocks held, 5 the last token's time, as float64): nothing done, or on a decode
-    replica (``token_1`` not empty) each prompt computed and its first token emitted then. The
-    other rows are set before they are read."""
-    decode = token_1.size > 0
-    last_t = work[5].view(np.float64)
-    for i in range(prompt.size):  # a loop: an array assigned to a slice compiles in ~4 s (a new user's first run)
-        work[0, i] = 1 if decode else 0
-        work[1, i] = prompt[i] if decode else 0
-        work[2, i] = 0
-        if decode:
-            last_t[i] = token_1[i]
 
 
 @inline

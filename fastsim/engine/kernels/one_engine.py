@@ -16,15 +16,19 @@ from __future__ import annotations
 import numpy as np
 
 from ..._jit import jit
+from ...model.cost import frozen_in_loop
 from ..router import ONE_ENGINE
 from . import lesson
-from .continuous import WORK_ROWS, continuous
+from ._kv import RESERVE, Counters
+from ._shape import WORK_ROWS, Alone, Pool, Rules
+from .serve import serve
 from . import serving_batched as batched_kernel
 
 NONE = np.int64(0)  # a counter the lesson's kernels do not keep (a typed 0: a literal one would
 # compile every compiled caller of the counters once more)
-ONE = np.int64(1)  # one engine's replicas, typed likewise: with literal arguments the continuous
+ONE = np.int64(1)  # one engine's replicas, typed likewise: with literal arguments the serving
 UNROUTED = np.int64(ONE_ENGINE)  # kernel would be compiled once for one engine and again for pools
+NO_SLACK = np.inf  # a replica that releases no arrivals
 
 
 @jit
@@ -45,9 +49,18 @@ def lesson_batched(arrival, prompt, output, plan, token_1, first_token, done, ru
 
 @jit
 def serving_continuous(arrival, prompt, output, plan, token_1, first_token, done, runs, gaps, work):
+    limit, _, k, budget, blocks, bt, kv_mode, pb, o_max, lookahead = plan
     unrouted = np.empty(0, np.int64)  # one engine: no router's draws in, no replicas out
-    return continuous(arrival, prompt, output, ONE, UNROUTED, unrouted, plan[0], plan[2], plan[3], plan[4], plan[5],
-                      plan[6], plan[7], plan[8], plan[9], token_1, first_token, done, unrouted, runs, gaps, work)
+    no_times = np.empty(0)
+    no_cache = np.empty((0, 0), np.int64)  # (KV counted: no prefix cache's array)
+    k = frozen_in_loop(k)
+    pool = Pool(ONE, k, budget, blocks, NO_SLACK)
+    rules = Rules(limit, bt, pb, kv_mode == RESERVE, o_max, lookahead, 0.0)
+    routing = Alone(UNROUTED, unrouted, 1.0, no_times, no_times, unrouted, token_1)
+    _, (steps, busy, queue, preemptions, kv_sum, kv_peak), nruns, ngaps, _ = serve(
+        arrival, prompt, output, Pool(NONE, k, budget, blocks, NO_SLACK), pool, rules, routing, Counters(kv_mode, o_max),
+        no_cache, first_token, done, unrouted, unrouted, runs, gaps, work)
+    return steps, busy, queue, preemptions, kv_sum, kv_peak, nruns, ngaps
 
 
 @jit

@@ -132,7 +132,7 @@ def cached_pool(arrival, prompt, output, parent, shared, hash_start, hash_ids, h
     code : int    the router; ``routes`` the random router's draws (per routed request, or behind
         a prefill pool per request); ``weight`` prefix_aware's
     caching : bool    blocks are cached by content (else only counted; on decode replicas always)
-    lookahead : bool    async scheduling (as :func:`fastsim.engine.kernels.continuous.continuous`'s)
+    lookahead : bool    async scheduling (as :func:`fastsim.engine.kernels.serve.serve`'s)
     npre, k_pre, budget_pre, blocks_pre    the prefill replicas, their step-time coefficients,
         token budget and KV blocks (:class:`PrefillPool`; unused without them)
     link_s : float64 (n,)    each request's KV transfer time; ``pre_routes`` the prefill pool's draws
@@ -143,7 +143,7 @@ def cached_pool(arrival, prompt, output, parent, shared, hash_start, hash_ids, h
     first_token, done : float64 (n,)    filled (engine times)
     replica, pre_replica : int64 (n,)    filled with each request's (decode) replica and prefill
         replica, where it has one (else left)
-    runs, gaps    as :func:`fastsim.engine.kernels.continuous.continuous`'s
+    runs, gaps    as :func:`fastsim.engine.kernels.serve.serve`'s
 
     Returns the prefill replicas' (steps, busy, max_queue, preemptions, KV block-steps, peak KV
     blocks, runs), the others' and the gaps.
@@ -364,13 +364,12 @@ def cached_pool(arrival, prompt, output, parent, shared, hash_start, hash_ids, h
             in_use[r] = (blocks_pre if r < npre else blocks) - st[r, FREE]
         if sent[q]:  # its KV reached the decode pool, which caches nothing: prefix-aware is least_kv there
             to = npre + choose(LEAST_KV if code == PREFIX_AWARE else code, q if code == RANDOM else routed_decode,
-                               routes, outstanding[npre:], in_use[npre:])
+                               routes, outstanding, in_use, npre, replicas)
             routed_decode += 1
             last_t[q] = first_token[q]
             last_step[q] = -2
         elif code != PREFIX_AWARE:
-            to = choose(code, routed, pre_routes if npre > 0 else routes, outstanding[:first_pool],
-                        in_use[:first_pool])
+            to = choose(code, routed, pre_routes if npre > 0 else routes, outstanding, in_use, 0, first_pool)
         else:  # the fewest blocks missed (weighted) plus blocks in use; ties as least_kv's
             to = 0
             best = np.inf

@@ -1,0 +1,455 @@
+"""The serving model's continuous-batching step loop: one source for one engine and every pool of
+replicas behind any router, with the KV cache as counters or as vLLM's prefix cache, with sessions
+and a prefill pool in front (docs/model/serving.md, docs/model/fleets.md,
+docs/model/prefix-cache.md). With every serving-model addition off the lesson's own kernels
+(:mod:`.lesson`) run instead. What it is given, and the shapes it is compiled for, are
+:mod:`._shape`'s; the KV cache's roles :mod:`._kv`'s.
+
+Arrivals are the given ones (a NaN for a session's later turn) and those the run releases (a turn
+after the one before it is done, a prompt's KV reaching the decode pool), taken in time order, ties
+to the lower index (:mod:`._arrivals`). One engine takes each as it comes, at the first step that
+starts at or after it (async scheduling, ``lookahead``: one step later, if a step was running). A
+pool routes each at its instant, after every replica ran each step that starts before it, so the
+router sees their outstanding requests and KV blocks as of then; an idle replica wakes at it.
+Where the run releases arrivals, a replica may run ahead of the others only as far as no release
+can reach: replicas advance in time order, each up to the others' clocks plus the least time a
+release of theirs can take (:func:`._route.earliest`).
+
+The work per step does not depend on the batch size:
+
+- Running requests are *decoders* (need one token a step) plus at most one *partial* row, the
+  newest admission, whose prompt (or recompute) did not fit in the last step's budget: a row is
+  partial only when the budget ran out on it, and then nothing newer was admitted. Since the
+  budget is at least the running limit (checked with the config, as in vLLM), every decoder gets
+  its token every step, so decoders are kept as sums: D of them holding SC computed tokens in
+  all read C = SC + D KV tokens and form A = SC + D query-key pairs a step, and their token
+  counts are derived from the step they became decoders.
+- Their completions come from a calendar per replica (doubly linked: a preempted request leaves
+  it in O(1)), their new blocks from counters by phase (one every ``block_tokens`` steps).
+- When the free blocks cannot cover a step's needs, the running list is walked oldest first,
+  preempting from its tail exactly as the rules say (:mod:`._preempt`); otherwise no one is
+  preempted and the sums suffice.
+- While nobody can be admitted, finish or run out of blocks, a fast path runs bare steps, the
+  longer runs' last steps in closed form (:func:`._bare.bare_run`).
+
+State is struct of arrays, indexed in place: per request the rows of ``work``; per replica its
+scalars (columns of ``st``, in locals while it runs), its calendar (buckets from ``rep *
+stride``), its decoders by block phase (``bcount[rep]``) and its open step run. Helpers on the hot
+path take arrays one by one, not in tuples, and are inlined, or called apart where they run
+rarely (an array taken out of a tuple, or given to an inlined helper that branches, is
+reference-counted at each use: measured several times the helper's own work).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..._jit import jit, unmanaged
+from ...model.cost import step_time
+from ..router import LEAST_KV, PREFIX_AWARE, RANDOM, choose
+from . import _kv as roles
+from ._arrivals import arrive, next_arrival, pop, send, turn_after
+from ._bare import bare_run, mark
+from ._calendar import extend_run, totals
+from ._preempt import preempt_for
+from ._route import earliest, prefix_aware
+from ._running import cal_file, cal_remove, cdiv, join_queue, link_tail, unlink
+from ._shape import *  # noqa: F403 (the rows of work, the columns of st)
+from ._shape import alone, releases, start
+
+
+@jit
+def serve(arrival, prompt, output, pre, dec, rules, routing, kv, cache, first_token, done, replica, pre_replica, runs,
+          gaps, work):
+    """Continuous batching on one engine, or on a pool of replicas behind a router, optionally
+    behind a prefill pool (``pre``: 0 replicas for none; ``dec``: the others; ``rules``,
+    ``routing``: :mod:`._shape`'s). ``arrival``: when each request arrives (non-decreasing where
+    given; NaN for a session's later turn, set here when it is released); ``prompt``, ``output``:
+    lengths (output >= 1). ``kv``: :class:`._kv.Counters` or :class:`._kv.Runs`, ``cache`` the
+    runs' array (:func:`._segments.start`; empty with counters). Filled: ``first_token`` and
+    ``done`` (engine times; a decode pool run alone leaves ``first_token``), each request's
+    ``replica`` and ``pre_replica`` (unused where there is no pool, or no prefill pool), ``runs``
+    and ``gaps`` (:mod:`._calendar`: as many as fit; the kernel returns how many it needed).
+    ``work``: int64 (WORK_ROWS, n + 1), room for the per-request state and its lists' spare slots
+    (:mod:`._running`), contents left over (a caller's scratch).
+
+    Returns the prefill pool's (steps, busy slot-steps, max_queue, preemptions, sum over
+    replica-steps of KV blocks in use, peak KV blocks in use on any replica), the same of the
+    others, the number of runs and of gaps, and whether the cache's bookkeeping stopped
+    (:func:`._kv.computed`).
+    """
+    n = arrival.size
+    npre = pre.replicas
+    replicas = npre + dec.replicas
+    code = routing.code
+    # every array as a view Numba does not reference-count (:func:`fastsim._jit.unmanaged`): the
+    # caller holds the arguments, ``kept`` what the loop allocates
+    arrival, prompt, output, first_token, done = (unmanaged(arrival), unmanaged(prompt), unmanaged(output),
+                                                  unmanaged(first_token), unmanaged(done))
+    replica, pre_replica, runs, gaps, work = (unmanaged(replica), unmanaged(pre_replica), unmanaged(runs),
+                                              unmanaged(gaps), unmanaged(work))
+    cache, think, link_s, token_1 = unmanaged(cache), unmanaged(routing.think), unmanaged(routing.link_s), unmanaged(
+        routing.token_1)
+    routes, decode_routes, weight = unmanaged(routing.routes), unmanaged(routing.decode_routes), routing.weight
+    sessions = think.size > 0
+    pre_k, dec_k = pre.k, dec.k
+    limit, bt, pb, reserve, o_max, lookahead, api_s = rules
+    cached = pb * bt  # tokens every admission starts with (a pinned prefix)
+    g = work[G]  # tokens emitted (decoders: as of step dbase)
+    c = work[C]  # tokens computed (non-decoders)
+    held = work[HELD]  # blocks held beyond the pinned prefix (reserve; paged non-decoders)
+    dbase = work[DBASE]  # decoders: the step count when they became decoders (set then)
+    phase = work[PHASE]  # decoders: they need a new block at steps == phase (mod bt) (set then)
+    last_t = work[LAST_T].view(np.float64)  # time of the last token (set when a later gap reads it)
+    rprev = work[RPREV]  # each replica's running list, in admission order
+    rnext = work[RNEXT]
+    cnext = work[CNEXT]  # the completion calendars' lists
+    cprev = work[CPREV]
+    due = work[DUE]
+    pnext = work[PNEXT]  # each replica's stack of preempted requests: the front of its queue
+    qnext = work[QNEXT]  # each replica's waiting queue (after its preempted ones)
+    joined = work[JOINED].view(np.float64)  # when it joined its replica's queue (routed, releasing runs)
+    seq = work[SEQ]  # when it was admitted, in its replica's count (running-list order)
+    kept = start(prompt, output, token_1, work, replicas, npre, pre.blocks, dec.blocks, pb, bt, limit, releases(routing),
+                 alone(routing) and not releases(routing))
+    ring, stride = kept[0], kept[1]
+    bucket, occ, bcount, st = unmanaged(kept[2]), unmanaged(kept[3]), unmanaged(kept[4]), unmanaged(kept[5])
+    now_r, began_r = unmanaged(kept[6]), unmanaged(kept[7])  # each replica's clock; its last step's start
+    outstanding, used_blocks = unmanaged(kept[8]), unmanaged(kept[9])  # requests routed there, not done; KV blocks used
+    rows_i, rows_c, rows_n = unmanaged(kept[10]), unmanaged(kept[11]), unmanaged(kept[12])  # a step's prefill rows
+    dues = unmanaged(kept[13])  # a step's completing decoders
+    heap_t, heap_i = unmanaged(kept[14]), unmanaged(kept[15])  # released arrivals: a binary heap on (time, request)
+    nheap = 0
+    sent = unmanaged(kept[16])  # its prompt's KV is on its way to the decode pool
+    link_free, ended = unmanaged(kept[17]), unmanaged(kept[18])  # each link's free time; a step's prompts to send
+    nruns = ngaps = 0
+    sp = head = 0  # the next given arrival; one engine over given arrivals: the next to join its queue
+    routed = routed_decode = 0
+    t_next, q_next, sp = next_arrival(arrival, sp, heap_t, heap_i, nheap)
+    while True:
+        until = np.inf if alone(routing) else t_next
+        turn = 0  # the next replica in turn (where no arrival is released: each runs up to ``until``)
+        while True:
+            if releases(routing) and not alone(routing):  # the earliest replica with work, up to where no
+                rep, bound = earliest(st, now_r, until, npre, pre.slack, dec.slack)  # release of the others reaches
+                if rep < 0:
+                    break
+            else:
+                if turn == replicas:
+                    break
+                rep = turn
+                turn += 1
+                bound = until
+                if not alone(routing) and (now_r[rep] >= until or (st[rep, RUNNING] == 0 and st[rep, NWAIT] == 0)):
+                    continue
+            prefilling = releases(routing) and rep < npre  # (a prefill pool in front: its arrivals are released)
+            k = pre_k if prefilling else dec_k
+            budget = pre.budget if prefilling else dec.budget
+            blocks = pre.blocks if prefilling else dec.blocks
+            limited = blocks >= 0
+            paged = limited and not reserve
+            hitting = npre == 0 or prefilling  # a decode replica behind a prefill pool caches nothing
+            now = now_r[rep]
+            base = rep * stride
+            rhead, rtail, running = st[rep, RHEAD], st[rep, RTAIL], st[rep, RUNNING]
+            cursor, n_dec, sum_c = st[rep, CURSOR], st[rep, N_DEC], st[rep, SUM_C]
+            partial, ptop, npre_q = st[rep, PARTIAL], st[rep, PTOP], st[rep, NPRE]
+            qfirst, qlast, nwait = st[rep, QFIRST], st[rep, QLAST], st[rep, NWAIT]
+            steps, busy, max_queue, preemptions = st[rep, STEPS], st[rep, BUSY], st[rep, MAX_QUEUE], st[rep, PREEMPTIONS]
+            kv_sum, kv_peak, free, aux = st[rep, KV_SUM], st[rep, KV_PEAK], st[rep, FREE], st[rep, AUX]
+            run_kv, run_pairs, run_nw, run_m = st[rep, RUN_KV], st[rep, RUN_PAIRS], st[rep, RUN_NW], st[rep, RUN_M]
+            run_s, admitted = st[rep, RUN_S], st[rep, ADMITTED]
+            finished = 0
+            while now < bound:
+                if alone(routing) and t_next <= now:  # arrivals join the queue
+                    if releases(routing):
+                        t_next, q_next, sp, nheap, qfirst, qlast, nwait = arrive(
+                            now, t_next, q_next, sp, nheap, qfirst, qlast, nwait, arrival, heap_t, heap_i, qnext)
+                    else:
+                        while head < n and arrival[head] <= now:
+                            head += 1
+                            nwait += 1
+                        t_next = arrival[head] if head < n else np.inf
+                left = budget - n_dec  # decoders first: one token each, always within the budget
+                nrows = 0
+                preempted = False
+                # 1. running requests: decoders' new blocks, then the partial row (the tail)
+                ptake = 0
+                pneed = 0
+                if partial >= 0:
+                    ptake = min(prompt[partial] + g[partial] - c[partial], left)
+                    if paged:
+                        pneed = cdiv(c[partial] + ptake, bt) - pb - held[partial]
+                if paged and bcount[rep, steps % bt] + pneed > free:  # too few blocks for everyone
+                    (rhead, rtail, running, partial, n_dec, sum_c, free, aux, ptop, npre_q, nwait, preemptions,
+                     preempted) = preempt_for(
+                        kv, cache, rep, hitting, bt, pb, blocks, steps, now, prompt, g, c, held,
+                        dbase, phase, last_t, pnext, rprev, rnext, bucket, cnext, cprev, bcount, rhead, rtail, running,
+                        partial, pneed, n_dec, sum_c, free, aux, ptop, npre_q, nwait, preemptions)
+                    left = budget - n_dec
+                elif paged:
+                    free, aux = roles.allocate(kv, rep, bcount[rep, steps % bt] + pneed, free, aux)
+                    if partial >= 0:
+                        held[partial] += pneed
+                sampled = n_dec  # rows that emit a token: every decoder, and prefills that complete
+                if partial >= 0:
+                    rows_i[0] = partial
+                    rows_c[0] = c[partial]
+                    rows_n[0] = ptake
+                    nrows = 1
+                    left -= ptake
+                    sampled += ptake == prompt[partial] + g[partial] - c[partial]
+                    roles.filled(kv, cache, rep, partial, c[partial] + ptake, hitting, bt)
+                # 2. admission, only when nobody was preempted; the head of the queue blocks it
+                if not preempted:
+                    seen = began_r[rep] if lookahead and running > 0 else now  # arrivals the batch can hold
+                    while running < limit and left > 0 and nwait > 0:
+                        i = ptop if npre_q > 0 else qfirst
+                        if npre_q == 0 and (joined[i] if releases(routing) and not alone(routing) else arrival[i]) > seen:
+                            break
+                        c0, h, free_hits, s_g, s_p, stop, aux = roles.computed(
+                            kv, cache, rep, i, prompt[i], g[i], c[i], npre_q > 0, free, aux,
+                            hitting, blocks, bt, phase[i], dbase[i], cached)
+                        if stop:
+                            return _stopped(ngaps)
+                        todo = prompt[i] + g[i] - c0
+                        take = min(todo, left)
+                        new = 0
+                        if limited:
+                            new = cdiv(prompt[i] + o_max, bt) - pb if reserve else cdiv(c0 + take, bt) - pb - h
+                            if new + free_hits > free:
+                                break
+                        free, aux = roles.admit(kv, cache, rep, i, c0, take, h, new, free_hits,
+                                                s_g, s_p, npre_q > 0, free, aux, hitting, bt)
+                        held[i] = h + new
+                        if npre_q > 0:
+                            ptop = pnext[i]
+                            npre_q -= 1
+                        else:
+                            qfirst = qnext[i]
+                            if qfirst < 0:
+                                qlast = -1
+                        nwait -= 1
+                        c[i] = c0
+                        if roles.ordered(kv):
+                            seq[i] = admitted
+                            admitted += 1
+                        rhead, rtail = link_tail(rprev, rnext, rhead, rtail, i)
+                        running += 1
+                        rows_i[nrows] = i
+                        rows_c[nrows] = c0
+                        rows_n[nrows] = take
+                        nrows += 1
+                        left -= take
+                        sampled += take == todo
+                max_queue = max(max_queue, nwait)
+                if nrows == 0 and n_dec == 0:
+                    if running == 0 and nwait == 0:
+                        if not alone(routing) or t_next == np.inf:
+                            break  # idle until a request is routed here (or none is left)
+                        now = t_next  # one engine, idle: jump to the next arrival
+                    continue  # else the only runner preempted itself: it is admitted next iteration
+                # 3. the step
+                n_tok = n_dec
+                kv_tok = sum_c + n_dec
+                pairs = sum_c + n_dec
+                for r in range(nrows):
+                    n_tok += rows_n[r]
+                    kv_tok += rows_c[r] + rows_n[r]
+                    pairs += rows_n[r] * (2 * rows_c[r] + rows_n[r] + 1) // 2
+                if limited:
+                    used = blocks - free
+                    kv_sum += used
+                    kv_peak = max(kv_peak, used)
+                d = step_time(k, n_tok, kv_tok, pairs, sampled)
+                nruns, run_kv, run_pairs, run_nw, run_m, run_s = extend_run(
+                    runs, nruns, run_kv, run_pairs, run_nw, run_m, run_s, n_tok, kv_tok, pairs, 1, n_dec, sampled)
+                began_r[rep] = now
+                now += d
+                steps += 1
+                busy += n_dec
+                sum_c += n_dec
+                cursor = cursor + 1 if cursor + 1 < ring else 0
+                # the decoders due now finish: walked in their bucket, or where a cache's free queue keeps the
+                # order of releases, in running order (admitted before any prefill row, which come after)
+                released = nheap  # (the heap grows: arrivals released)
+                i = bucket[base + cursor]
+                ndue = b = 0
+                if roles.ordered(kv):
+                    while i >= 0:
+                        nx = cnext[i]
+                        if due[i] == steps:
+                            cal_remove(bucket, cnext, cprev, i)
+                            j = ndue
+                            while j > 0 and seq[dues[j - 1]] > seq[i]:
+                                dues[j] = dues[j - 1]
+                                j -= 1
+                            dues[j] = i
+                            ndue += 1
+                        i = nx
+                while True:
+                    if roles.ordered(kv):
+                        if b == ndue:
+                            break
+                        i = dues[b]
+                        b += 1
+                    else:
+                        while i >= 0 and due[i] != steps:
+                            i = cnext[i]
+                        if i < 0:
+                            break
+                        nx = cnext[i]
+                        cal_remove(bucket, cnext, cprev, i)
+                    done[i] = now
+                    finished += 1
+                    g[i] = output[i]
+                    ci = prompt[i] + output[i] - 1
+                    n_dec -= 1
+                    sum_c -= ci
+                    bcount[rep, phase[i]] -= 1
+                    if limited:
+                        free, aux = roles.free(kv, cache, rep, i,
+                                               cdiv(ci, bt) - pb if paged else held[i], ci, free, aux, hitting, bt)
+                    held[i] = 0
+                    rhead, rtail = unlink(rprev, rnext, rhead, rtail, i)
+                    running -= 1
+                    if releases(routing) and sessions:
+                        nheap = turn_after(i, now, api_s, think, arrival, heap_t, heap_i, nheap)
+                    if not roles.ordered(kv):
+                        i = nx
+                # prefill rows: a row that reaches p + g computed tokens emits one
+                partial = -1
+                nsent = 0
+                for r in range(nrows):
+                    i = rows_i[r]
+                    c[i] = rows_c[r] + rows_n[r]
+                    if c[i] < prompt[i] + g[i]:
+                        partial = i  # the budget ran out on it
+                        continue
+                    g[i] += 1
+                    busy += 1
+                    if g[i] == 1:
+                        first_token[i] = now
+                    else:  # a preempted request's first token after its recompute
+                        if ngaps < gaps.size:  # else only counted: the driver runs again with room
+                            gaps[ngaps] = now - last_t[i]
+                        ngaps += 1
+                    if g[i] == (1 if prefilling else output[i]):
+                        finished += 1
+                        rhead, rtail = unlink(rprev, rnext, rhead, rtail, i)
+                        running -= 1
+                        if limited:
+                            free, aux = roles.free(kv, cache, rep, i, held[i], c[i], free, aux,
+                                                   hitting, bt)
+                        held[i] = 0
+                        if prefilling and g[i] < output[i]:  # its KV crosses the link to the decode pool
+                            last_t[i] = now
+                            ended[nsent] = i
+                            nsent += 1
+                            continue
+                        done[i] = now
+                        if releases(routing) and sessions:
+                            nheap = turn_after(i, now, api_s, think, arrival, heap_t, heap_i, nheap)
+                    else:  # a decoder from now on
+                        dbase[i] = steps
+                        n_dec += 1
+                        sum_c += c[i]
+                        phase[i] = (steps - c[i]) % bt
+                        bcount[rep, phase[i]] += 1
+                        mark(occ, cal_file(bucket, base, ring, cnext, cprev, due, cursor, steps, i, output[i] - g[i]))
+                if releases(routing):
+                    if nsent > 0:
+                        nheap = send(ended, nsent, now, link_free, rep, link_s, sent, heap_t, heap_i, nheap)
+                    if nheap > released:
+                        if alone(routing):
+                            t_next, q_next, sp = next_arrival(arrival, sp, heap_t, heap_i, nheap)
+                        else:  # a released arrival is routed at its instant
+                            bound = min(bound, heap_t[0])
+                            until = min(until, heap_t[0])
+                # 4. fast path: only decoders, nobody to admit, until the next routing instant, an arrival
+                # that would be admitted, a completion or a step whose new blocks do not fit
+                if partial >= 0 or n_dec == 0 or preempted:
+                    continue
+                if nwait > 0 and running < limit:
+                    i = ptop if npre_q > 0 else qfirst
+                    if roles.ordered(kv) or not limited or budget - n_dec <= 0 or roles.rehits(kv, npre_q > 0):
+                        continue  # (the head's hit changes as blocks are taken: step by step)
+                    ci = max(c[i], cached)
+                    take = min(prompt[i] + g[i] - ci, budget - n_dec)
+                    need = cdiv(prompt[i] + o_max, bt) - pb if reserve else cdiv(ci + take, bt) - pb
+                    if need <= free:
+                        continue  # the head can be admitted
+                now, queue, state, record = bare_run(
+                    k, kv, rep, bt, limit, lookahead, alone(routing), releases(routing), paged, blocks, bound, bucket,
+                    occ, bcount, base, ring, arrival, heap_t, heap_i, qnext, began_r, runs, running, now,
+                    (t_next, q_next, sp, head, nheap, qfirst, qlast, nwait),
+                    (n_dec, sum_c, steps, busy, cursor, free, aux, kv_sum, kv_peak, max_queue),
+                    (nruns, run_kv, run_pairs, run_nw, run_m, run_s))
+                t_next, q_next, sp, head, nheap, qfirst, qlast, nwait = queue
+                n_dec, sum_c, steps, busy, cursor, free, aux, kv_sum, kv_peak, max_queue = state
+                nruns, run_kv, run_pairs, run_nw, run_m, run_s = record
+            now_r[rep] = now
+            st[rep, RHEAD], st[rep, RTAIL], st[rep, RUNNING] = rhead, rtail, running
+            st[rep, CURSOR], st[rep, N_DEC], st[rep, SUM_C] = cursor, n_dec, sum_c
+            st[rep, PARTIAL], st[rep, PTOP], st[rep, NPRE] = partial, ptop, npre_q
+            st[rep, QFIRST], st[rep, QLAST], st[rep, NWAIT] = qfirst, qlast, nwait
+            st[rep, STEPS], st[rep, BUSY], st[rep, MAX_QUEUE], st[rep, PREEMPTIONS] = steps, busy, max_queue, preemptions
+            st[rep, KV_SUM], st[rep, KV_PEAK], st[rep, FREE], st[rep, AUX] = kv_sum, kv_peak, free, aux
+            st[rep, RUN_KV], st[rep, RUN_PAIRS], st[rep, RUN_NW], st[rep, RUN_M] = run_kv, run_pairs, run_nw, run_m
+            st[rep, RUN_S], st[rep, ADMITTED] = run_s, admitted
+            outstanding[rep] -= finished
+            used_blocks[rep] = blocks - free if limited else 0
+        if alone(routing):
+            break
+        # route the next arrival: a given one, a released turn, or a prompt's KV reaching the decode pool
+        if releases(routing):
+            t_next, q, sp = next_arrival(arrival, sp, heap_t, heap_i, nheap)
+            if q < 0:
+                break
+            if q == sp:
+                sp += 1
+            else:
+                nheap = pop(heap_t, heap_i, nheap)
+        else:
+            if sp == n:
+                break
+            q = sp
+            sp += 1
+        if releases(routing) and npre > 0 and sent[q]:  # the decode pool caches nothing: prefix-aware is least_kv there
+            to = npre + choose(LEAST_KV if code == PREFIX_AWARE else code, q if code == RANDOM else routed_decode,
+                               decode_routes, outstanding, used_blocks, npre, replicas)
+            routed_decode += 1
+            replica[q] = to - npre
+        else:
+            first_pool = npre if releases(routing) and npre > 0 else replicas
+            if code == PREFIX_AWARE:
+                to = prefix_aware(kv, cache, q, prompt[q], bt, weight, first_pool, st,
+                                  outstanding, used_blocks)
+            else:
+                to = choose(code, routed, routes, outstanding, used_blocks, 0, first_pool)
+            routed += 1
+            if npre > 0:
+                pre_replica[q] = to
+            else:
+                replica[q] = to
+        outstanding[to] += 1
+        if st[to, RUNNING] == 0 and st[to, NWAIT] == 0:
+            now_r[to] = max(now_r[to], t_next)  # an idle replica wakes when a request reaches it
+        if releases(routing):
+            joined[q] = t_next
+        join_queue(st, qnext, to, q, QFIRST, QLAST, NWAIT)
+        if releases(routing):
+            t_next, q_next, sp = next_arrival(arrival, sp, heap_t, heap_i, nheap)
+        else:
+            t_next = arrival[sp] if sp < n else np.inf
+    pre_counts = totals(st[:npre], runs, nruns, STEPS, RUN_KV)
+    counts = totals(st[npre:], runs, pre_counts[-1], STEPS, RUN_KV)
+    return pre_counts[:-1], counts[:-1], counts[-1], ngaps, len(kept) < 0  # (False, once ``kept`` is no longer needed)
+
+
+@jit
+def _stopped(ngaps):
+    """What :func:`serve` returns when the cache's bookkeeping cannot follow (the driver then runs
+    the block-by-block loop)."""
+    none = (0, 0, 0, 0, 0, 0)
+    return none, none, 0, ngaps, True
