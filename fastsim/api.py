@@ -29,6 +29,7 @@ from .sweep.runner import Progress, Task, check_scheduler, run_grid
 from .analysis.catalog import METRICS  # noqa: F401
 from .analysis.compare import compare, describe_change  # noqa: F401
 from .analysis.measured import describe as describe_run  # noqa: F401
+from .analysis.simulation import drift  # noqa: F401
 from .analysis.plot import figure as plot  # noqa: F401
 from .bench import BenchCheckFailed, bench, cold_start, import_costs, sweep_overhead, traffic_costs  # noqa: F401
 from .model.keys import config_keys, default_text, reference_markdown  # noqa: F401
@@ -38,7 +39,8 @@ from .model.presets import DATASHEETS, HARDWARE, MODELS, PRICE_SOURCES  # noqa: 
 from .model.schema import LARGEST_POOL  # noqa: F401
 from .sweep.checkpoint import ResumeWarning  # noqa: F401
 from .sweep.memory import parse_size  # noqa: F401
-from .sweep.summary import capacity_rows, describe, next_steps, plan_entries, plan_rows, summarize  # noqa: F401
+from .sweep.summary import (capacity_rows, describe, next_steps, plan_entries, plan_rows, summarize,  # noqa: F401
+                            unsteady)
 
 if TYPE_CHECKING:
     import xarray as xr

@@ -160,6 +160,11 @@ for name, names in [("hf_notjson.json", "not JSON"), ("hf_list.json", "JSON obje
          "model.config_json: " if name in ("hf_list.json", "nowhere.json") else names)
 case("model-both-preset-and-config-json", ["run", "{both_models.yaml}"], "model.preset")
 
+# --- warm-ups
+for id, value in [("negative", "-5"), ("fraction", "1.5"), ("unit", "3 days"), ("no-number", "s"),
+                  ("words", "a while"), ("not-below", "50"), ("infinite", "inf s")]:
+    case(f"warmup-{id}", ["run", H100, "--set", f"workload.warmup={value}", *SMALL], "workload.warmup")
+
 # --- the prefix cache, sessions and prefix-aware routing
 CACHE = ["--set", "engine.prefix_caching=true"]
 SESSIONS = ["--set", "workload.sessions.turns.max=4"]

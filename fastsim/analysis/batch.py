@@ -25,6 +25,7 @@ from .metrics import METRICS, SORT_BELOW, slo_bounds, small_run
 from .simulation import scratch, simulate
 
 HIT_RATE = list(METRICS).index("prefix_hit_rate")
+STEADY = list(METRICS).index("steady")
 MAX_REQUESTS = SORT_BELOW  # a point with more runs alone (its metrics select rather than sort)
 GROUP_REQUESTS = 1 << 18  # requests run in one call at most (their traffic and times are held)
 
@@ -39,6 +40,7 @@ def _points(kernel, plan, api_s, requests, room, objectives, rows):
     first_token, done, runs, gaps, work = room
     max_batch, bounds, has_slo, gpus, usd_per_hour, with_itl = objectives
     token_1 = np.empty(0)
+    no_cache = np.empty(0, np.int64)  # (nothing shared: no hit drifts)
     k, blocks = plan[2], plan[4]
     finished = np.zeros(starts.size - 1, np.bool_)
     for i in range(starts.size - 1):
@@ -52,11 +54,14 @@ def _points(kernel, plan, api_s, requests, room, objectives, rows):
             done[j] += api_s
         kv_steps, kv_capacity, kv_use = kv_totals(blocks, steps, kv_sum, kv_peak)
         counts = (steps, busy, queue, preemptions, kv_steps, kv_capacity, kv_use)
-        fits, values = small_run(arrival[a:b], output[a:b], first_token[a:b], done[a:b], counts, k, runs[:nruns],
-                                 gaps[:ngaps], max_batch, bounds, has_slo, gpus, usd_per_hour, with_itl)
+        fits, values, flag = small_run(arrival[a:b], output[a:b], first_token[a:b], done[a:b], counts, k,
+                                       runs[:nruns], gaps[:ngaps], max_batch, bounds, has_slo, gpus, usd_per_hour,
+                                       with_itl, 0.0, busy - (b - a), no_cache, no_cache,
+                                       (arrival[a:b], done[a:b], np.inf))
         if fits:
             for m in range(len(values)):
                 rows[i, m] = values[m]
+            rows[i, STEADY] = flag
             finished[i] = True
     return finished
 
@@ -129,7 +134,8 @@ def _one_engine(config: Config, traffic: Traffic) -> bool:
     """One engine on the one-engine kernels: also with a prefix cache over requests that share
     nothing (:func:`fastsim.engine.fleet.run`)."""
     kind = pools.kind(config)
-    return kind == "one" or (kind == "cached" and config.fleet.replicas == 1 and traffic.content is None)
+    return traffic.warmup == 0 and (kind == "one" or (kind == "cached" and config.fleet.replicas == 1
+                                                      and traffic.content is None))
 
 
 def metric_rows(configs: list[Config]) -> np.ndarray:

@@ -22,7 +22,7 @@ from ..engine.trace import native_rate
 from ..model.schema import Config
 from .metrics import METRICS
 from .simulation import simulate
-from .targets import Stopped, Target, failing
+from .targets import Stopped, Target, binding_names, failing
 
 RATE = "workload.rate"
 TOLERANCE = 0.01  # the highest passing and lowest failing rate end within 1 % of each other
@@ -138,13 +138,13 @@ class CapacitySearch:
         self.name = "capacity " + "; ".join(map(str, targets))
 
     def row(self, a: Answer) -> list[float]:
-        names = [str(t) for t in self.targets]
+        names = binding_names(self.targets)
         binding = next((j for j, name in enumerate(names) if a.binding.endswith(name)), -1)
         return [a.max_rate, STATUSES.index(a.status), binding, a.simulations, *a.metrics.values()]
 
     def answers(self, table: np.ndarray) -> list[Answer]:
         """The answers of a table of rows (any shape ending in the columns), in C order."""
-        names = [str(t) for t in self.targets]
+        names = binding_names(self.targets)
         out = []
         for row in table.reshape(-1, len(self.columns)):
             status = STATUSES[int(row[1])]

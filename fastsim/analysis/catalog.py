@@ -51,7 +51,8 @@ METRICS: dict[str, Metric] = {
     "max_queue": Metric("requests", "most requests left waiting after an admission decision", LOWER, integer=True,
                         header="queue", fmt="{:.0f}"),
     "steps": Metric("steps", "engine steps run", integer=True, header="steps", fmt="{:.0f}"),
-    "span_s": Metric("s", "time of the last completion", header="span", fmt="{:.1f}s"),
+    "span_s": Metric("s", "measured window: time from its start (t=0, or the first measured arrival after a "
+                     "warm-up) to the last completion", header="span", fmt="{:.1f}s"),
     "preemptions": Metric("requests", "preemptions (a running request evicted to recompute later)", LOWER,
                           integer=True, header="preempt", fmt="{:.0f}"),
     "kv_peak_use": Metric("1", "KV cache blocks in use / blocks, peak over steps", header="KV peak", scale=100,
@@ -74,6 +75,9 @@ METRICS: dict[str, Metric] = {
                            header="$/Mtok", fmt="{:.2f}"),
     "prefix_hit_rate": Metric("1", "prompt tokens found in the prefix cache at first admission / prompt tokens "
                               "(NaN: no prefix caching)", HIGHER, header="hit rate", scale=100, fmt="{:.1f}%"),
+    "steady": Metric("1", "the measured window is a steady state (1), drifts between its halves (0: its TTFT "
+                     "median or hit rate moves), or is too short to tell (NaN)", HIGHER, header="steady",
+                     fmt="{:.0f}"),
 }
 
 # What a capacity search and a plan find, beside the metrics at the answer.

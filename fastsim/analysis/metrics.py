@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .._jit import inline, jit, largest
-from . import catalog, itl
+from .._jit import inline, jit, largest, smallest
+from . import catalog, itl, steady
 
 if TYPE_CHECKING:
     from ..engine.kernels import Outcome
@@ -101,6 +101,77 @@ def _selected_into(out, t, values, ps):
     for p in ps:
         out[t] = itl.weighted_select(work, ones, n, min(n - 1, int(p * n))) if n else np.nan
         t += 1
+
+
+@jit
+def halves(arrival, first_token, cached, prompt, every_arrival, every_done, end):
+    """The statistics of the measured window's two halves (:func:`.steady.judge`) over the
+    measured requests (in any order: taken by arrival, ties by index) that arrived by ``end``
+    (the arrival process's last arrival); ``cached`` empty: no prefix cache; ``every_arrival``
+    and ``every_done``: the whole run's requests. Returns (the statistics, how many requests they
+    are of)."""
+    in_order = True
+    for i in range(1, arrival.size):
+        if arrival[i] < arrival[i - 1]:
+            in_order = False
+            break
+    order = np.arange(arrival.size) if in_order else np.argsort(arrival, kind="mergesort")
+    n = 0
+    while n < order.size and arrival[order[n]] <= end:
+        n += 1
+    out = np.full((2, steady.COLUMNS), np.nan)
+    if n:  # the backlog's growth over the second half: arrivals in it less completions in it
+        t0, t1 = arrival[order[n // 2]], arrival[order[n - 1]]
+        came = done = 0
+        for i in range(every_arrival.size):
+            came += t0 < every_arrival[i] <= t1
+            done += t0 < every_done[i] <= t1
+        out[0, steady.BACKLOG], out[1, steady.BACKLOG] = came - done, came
+    h = n // 2
+    for half in range(2):
+        a, b = (0, h) if half == 0 else (h, n)
+        m = b - a
+        if m == 0:
+            continue
+        ttft = np.empty(m)
+        for j in range(a, b):
+            ttft[j - a] = first_token[order[j]] - arrival[order[j]]
+        ranks = steady.interval_ranks(m)
+        if m <= SORT_BELOW:
+            ones = np.ones(m, np.int64)
+            for t in range(ranks.size):
+                out[half, t] = itl.weighted_select(ttft, ones, m, ranks[t])
+        else:
+            lo, hi = smallest(ttft), largest(ttft)
+            picked = _order_statistics(ttft, ranks, lo, hi) if hi > lo else np.full(ranks.size, lo)
+            for t in range(ranks.size):
+                out[half, t] = picked[t]
+        if cached.size:
+            hits = tokens = 0.0
+            for j in range(a, b):
+                hits += cached[order[j]]
+                tokens += prompt[order[j]]
+            out[half, steady.HITS] = hits / tokens
+    if cached.size:  # the tenths' hit rates: each half's mean and variance
+        per = steady.BATCHES // 2
+        rates = np.empty(steady.BATCHES)
+        for t in range(steady.BATCHES):
+            hits = tokens = 0.0
+            for j in range(t * n // steady.BATCHES, (t + 1) * n // steady.BATCHES):
+                hits += cached[order[j]]
+                tokens += prompt[order[j]]
+            rates[t] = hits / tokens if tokens > 0 else 0.0
+        for half in range(2):
+            mean = 0.0
+            for t in range(half * per, (half + 1) * per):
+                mean += rates[t]
+            mean /= per
+            var = 0.0
+            for t in range(half * per, (half + 1) * per):
+                var += (rates[t] - mean) ** 2
+            out[half, steady.HITS + 1] = mean
+            out[half, steady.HITS + 2] = var / (per - 1)
+    return out, n
 
 
 def quantiles(values: np.ndarray, ps: tuple[float, ...]) -> list[float]:
@@ -206,20 +277,25 @@ def _values(n, tokens, span, ttft_mean, e2e_mean, q, itl_q, good, has_slo, count
 
 @jit
 def small_run(arrival, output, first_token, done, counts, k, runs, gaps, max_batch, bounds, has_slo, gpus,
-              usd_per_hour, with_itl):
-    """(fits, every metric) of a run of at most SORT_BELOW requests, in one compiled call (a sweep
-    runs many such in a row: :mod:`.batch`); ``fits`` is False, and the metrics not all set,
-    when its inter-token gaps are too many to list (:func:`.itl.listed_quantiles`). Without
-    ``with_itl``, the ITL quantiles are NaN (not computed)."""
+              usd_per_hour, with_itl, start, gap_count, cached, prompt, every):
+    """(fits, every metric but the last two, steady) of a run of at most SORT_BELOW measured
+    requests, in one compiled call (a sweep runs many such in a row: :mod:`.batch`); ``fits`` is
+    False, and the metrics not all set, when its inter-token gaps are too many to list
+    (:func:`.itl.listed_quantiles`). ``start``: the measured window's start; ``gap_count``: the
+    run's inter-token gaps (its busy slot-steps less every request's first token); ``cached`` and
+    ``prompt``: each measured request's cached and prompt tokens under a prefix cache (empty:
+    none); ``every``: (arrivals, done times, the arrival process's end) of the whole run
+    (:func:`halves`). Without ``with_itl``, the ITL quantiles are NaN (not computed)."""
     n = arrival.size
     ttft, e2e, tpot, good = _latencies(arrival, output, first_token, done, bounds[0], bounds[1], bounds[2])
-    fits, itl_q = itl.listed_quantiles(k, runs, gaps, counts[1] - n if with_itl else 0, ITL_PS)
+    fits, itl_q = itl.listed_quantiles(k, runs, gaps, gap_count if with_itl else 0, ITL_PS)
     tokens = np.int64(0)  # not the literal 0, which would compile _values a second time
     for o in output:
         tokens += o
-    return fits, _values(n, tokens, largest(done), _sum(ttft) / n, _sum(e2e) / n,
-                         _small_quantiles(ttft, e2e, tpot), itl_q, good, has_slo, counts, max_batch, gpus,
-                         usd_per_hour)
+    values = _values(n, tokens, largest(done) - start, _sum(ttft) / n, _sum(e2e) / n,
+                     _small_quantiles(ttft, e2e, tpot), itl_q, good, has_slo, counts, max_batch, gpus, usd_per_hour)
+    stats, checked = halves(arrival, first_token, cached, prompt, every[0], every[1], every[2])
+    return fits, values, steady.judge(stats, checked, cached.size > 0)
 
 
 def slo_bounds(slo: tuple[float | None, ...]) -> tuple[tuple[float, ...], bool]:
@@ -236,25 +312,43 @@ def named(values: tuple) -> dict[str, float]:
     return out
 
 
-def compute(arrival: np.ndarray, output: np.ndarray, out: Outcome, max_batch: int,
-            slo: tuple[float | None, float | None, float | None] = (None, None, None), gpus: int = 1,
-            usd_per_hour: float = float("nan"), with_itl: bool = True) -> dict[str, float]:
-    """Every metric of :data:`METRICS` for one simulated scenario, an engine's or a fleet's
-    (requests must all have finished); ``slo`` is (TTFT, TPOT, e2e) objectives in seconds, None
-    where not set; ``gpus`` and ``usd_per_hour`` the fleet's; without ``with_itl``, the ITL
-    quantiles are NaN (not computed: the costliest metric, which a fit may not need)."""
+NO_CACHE = np.empty(0, np.int64)
+
+
+def compute(arrival: np.ndarray, output: np.ndarray, first_token: np.ndarray, done: np.ndarray, out: Outcome,
+            max_batch: int, slo: tuple[float | None, float | None, float | None] = (None, None, None), gpus: int = 1,
+            usd_per_hour: float = float("nan"), with_itl: bool = True, start: float = 0.0,
+            cached: np.ndarray | None = None, prompt: np.ndarray | None = None,
+            every: tuple[np.ndarray, np.ndarray, float] | None = None) -> dict[str, float]:
+    """Every metric of :data:`METRICS` for one simulated scenario, an engine's or a fleet's, over
+    its measured requests (``arrival`` ... ``done``: theirs; all must have finished) in the window
+    from ``start`` (0, or the first measured arrival after a warm-up) to the last completion;
+    ``every``: (arrival, done times, the arrival process's end) of every request the run ran
+    (None: the measured ones, and no end), whose first tokens are no inter-token gap, and whose
+    backlog the steady-state check reads (:func:`halves`); ``slo`` is (TTFT, TPOT, e2e) objectives in seconds, None where not set;
+    ``gpus`` and ``usd_per_hour`` the fleet's; ``cached`` and ``prompt``: each measured request's
+    cached and prompt tokens under a prefix cache (None: no prefix cache); without ``with_itl``,
+    the ITL quantiles are NaN (not computed: the costliest metric, which a fit may not need).
+    Step counters (steps, slot use, batch, queue, preemptions, KV use) and ITL are the whole run's."""
     bounds, has_slo = slo_bounds(slo)
     counts = (out.steps, out.busy_slot_steps, out.max_queue, out.preemptions, out.kv_block_steps,
               out.kv_capacity_steps, out.kv_peak_use)
-    first_token, done, n = out.first_token_s, out.done_s, arrival.size
+    n = arrival.size
+    every = (arrival, done, np.inf) if every is None else every
+    gap_count = out.busy_slot_steps - every[0].size
+    hit_rate = float(cached.sum()) / float(prompt.sum()) if cached is not None and prompt.sum() else np.nan
+    cached, prompt = (NO_CACHE, NO_CACHE) if cached is None else (cached, prompt)
     if n <= SORT_BELOW:  # a small run: every metric in one compiled call
-        fits, values = small_run(arrival, output, first_token, done, counts, out.k, out.runs, out.gaps_s, max_batch,
-                                 bounds, has_slo, gpus, usd_per_hour, with_itl)
+        fits, values, flag = small_run(arrival, output, first_token, done, counts, out.k, out.runs, out.gaps_s,
+                                       max_batch, bounds, has_slo, gpus, usd_per_hour, with_itl, start, gap_count,
+                                       cached, prompt, every)
         if fits:
-            return named(values + (out.prefix_hit_rate,))
+            return named(values + (hit_rate, flag))
     ttft, e2e, tpot, good = _latencies(arrival, output, first_token, done, *bounds)
     q = np.array(_select(ttft, LATENCY_PS) + _select(e2e, LATENCY_PS) + _select(tpot, TPOT_PS))
-    itl_q = np.array(itl.quantiles(out.k, out.runs, out.gaps_s, out.busy_slot_steps - n if with_itl else 0, ITL_PS))
+    itl_q = np.array(itl.quantiles(out.k, out.runs, out.gaps_s, gap_count if with_itl else 0, ITL_PS))
     means = float(ttft.sum()) / n, float(e2e.sum()) / n  # NumPy's sums, as _sum's
-    return named(_values(n, int(output.sum()), float(done.max()), *means, q, itl_q, good, has_slo, counts, max_batch,
-                         gpus, usd_per_hour) + (out.prefix_hit_rate,))
+    stats, checked = halves(arrival, first_token, cached, prompt, *every)
+    flag = steady.judge(stats, checked, cached.size > 0)
+    return named(_values(n, int(output.sum()), float(done.max()) - start, *means, q, itl_q, good, has_slo, counts,
+                         max_batch, gpus, usd_per_hour) + (hit_rate, flag))

@@ -24,7 +24,7 @@ from ..model import fleet as pools
 from ..model.schema import Config, ConfigError
 from .metrics import METRICS
 from .simulation import simulate
-from .targets import Stopped, Target, failing
+from .targets import Stopped, Target, binding_names, failing
 
 REPLICAS = "fleet.replicas"
 MAX_REPLICAS = 64
@@ -160,7 +160,7 @@ class PlanSearch:
         self.name = f"plan up to {max_replicas} replicas: " + "; ".join(map(str, targets))
 
     def row(self, a: Answer) -> list[float]:
-        names = [str(t) for t in self.targets]
+        names = binding_names(self.targets)
 
         def index(binding: str) -> int:
             return names.index(binding) if binding in names else -1
@@ -173,7 +173,7 @@ class PlanSearch:
         """The answers of a table of rows (any shape ending in the columns), in C order;
         ``config_of(i)``: the i-th candidate's config. Why a candidate cannot run is not a
         number: the check that refused it says it again."""
-        names = [str(t) for t in self.targets]
+        names = binding_names(self.targets)
         out = []
         for i, row in enumerate(table.reshape(-1, len(self.columns))):
             status = int(row[1])

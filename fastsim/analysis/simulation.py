@@ -13,7 +13,7 @@ from ..engine import traffic as traffic_of
 from ..engine.traffic import Traffic
 from ..model import fleet as pools
 from ..model.schema import Config
-from . import metrics
+from . import metrics, steady
 
 _local = threading.local()  # each thread's Scratch
 
@@ -37,6 +37,8 @@ class Result:
     session: np.ndarray | None = None  # -1 outside sessions (None: no content shared)
     turn: np.ndarray | None = None  # 1, 2, ... within a session; 0 outside
     system_prompt: np.ndarray | None = None  # the request's system prompt, -1 without
+    warmup: int = 0  # the first requests (of these arrays) ran as a warm-up, left out of the metrics
+    arrival_end: float = np.inf  # the arrival process's last arrival (:func:`given_end`)
 
     @property
     def overloaded(self) -> bool:
@@ -63,13 +65,45 @@ def overloaded(arrival: np.ndarray, first_token: np.ndarray) -> bool:
     return late > OVERLOAD_S and late > OVERLOAD_RATIO * early
 
 
+def window(traffic: Traffic, out: Outcome) -> tuple[slice, float]:
+    """The measured requests (those after the warm-up) and the measured window's start: t=0, or
+    after a warm-up the first measured arrival."""
+    w = traffic.warmup
+    return slice(w, None), float(out.arrivals(traffic.arrival_s)[w:].min()) if w else 0.0
+
+
 def measure(config: Config, traffic: Traffic, out: Outcome, with_itl: bool = True) -> dict[str, float]:
-    """The metrics of an engine's or a fleet's outcome on ``traffic`` (without ``with_itl``, the
-    ITL quantiles NaN)."""
+    """The metrics of an engine's or a fleet's outcome on ``traffic``, over its measured window
+    (without ``with_itl``, the ITL quantiles NaN)."""
     slo = config.slo
-    return metrics.compute(out.arrivals(traffic.arrival_s), traffic.output_tokens, out, config.engine.max_batch,
-                           (slo.ttft_s, slo.tpot_s, slo.e2e_s), pools.gpus(config), pools.usd_per_hour(config),
-                           with_itl)
+    m, start = window(traffic, out)
+    caching = not np.isnan(out.prefix_hit_rate)
+    cached = out.cached_tokens[m] if caching else None
+    arrival = out.arrivals(traffic.arrival_s)
+    return metrics.compute(arrival[m], traffic.output_tokens[m], out.first_token_s[m], out.done_s[m], out,
+                           config.engine.max_batch, (slo.ttft_s, slo.tpot_s, slo.e2e_s), pools.gpus(config),
+                           pools.usd_per_hour(config), with_itl, start, cached,
+                           traffic.prompt_tokens[m] if caching else None, (arrival, out.done_s, given_end(traffic)))
+
+
+def given_end(traffic: Traffic) -> float:
+    """The arrival process's last arrival: the last given one (after it, a session's turns come
+    as the fleet drains)."""
+    if traffic.content is None or not traffic.content.closed_loop:
+        return np.inf
+    return float(np.nanmax(traffic.arrival_s))
+
+
+def drift(result: Result) -> str | None:
+    """What drifts across ``result``'s measured window, in one line (None: steady, or too short to
+    tell; :mod:`.steady`)."""
+    m = slice(result.warmup, None)
+    caching = result.cached_tokens is not None
+    cached = result.cached_tokens[m] if caching else metrics.NO_CACHE
+    prompt = result.prompt_tokens[m] if caching else metrics.NO_CACHE
+    stats, checked = metrics.halves(result.arrival_s[m], result.first_token_s[m], cached, prompt, result.arrival_s,
+                                    result.done_s, result.arrival_end)
+    return steady.describe(stats, checked, caching)
 
 
 def scratch() -> Scratch:
@@ -93,6 +127,8 @@ def simulate(config: Config, traffic: Traffic | None = None, checked: bool = Fal
     checks.traffic_fits(config, traffic)
     out = fleet.run(config, traffic, scratch())  # measured before the next run on this thread
     c = traffic.content
+    none = (None, None, None)
     return Result(config, measure(config, traffic, out, with_itl), out.arrivals(traffic.arrival_s),
                   traffic.prompt_tokens, traffic.output_tokens, out.first_token_s, out.done_s, out.replica,
-                  out.prefill_replica, out.cached_tokens, *((c.session, c.turn, c.system_prompt) if c else ()))
+                  out.prefill_replica, out.cached_tokens, *((c.session, c.turn, c.system_prompt) if c else none),
+                  warmup=traffic.warmup, arrival_end=given_end(traffic))

@@ -67,6 +67,16 @@ def targets_from(config: Config, texts: list[str] | None, attainment: float | No
     return targets
 
 
+STEADY = Target("steady", ">=", 1.0)  # every answer's: its measured window is a steady state
+
+
+def binding_names(targets: list[Target]) -> list[str]:
+    """What can fail, by name, as a search's rows number it: ``targets``, then :data:`STEADY`."""
+    return [str(t) for t in targets] + [str(STEADY)]
+
+
 def failing(targets: list[Target], metrics: dict[str, float]) -> list[Target]:
-    """The targets ``metrics`` miss, in order."""
-    return [t for t in targets if not t.holds(metrics)]
+    """The targets ``metrics`` miss, in order, then :data:`STEADY` if the measured window drifts
+    (a run too short to tell passes it): a capacity or a plan never answers with a run that is
+    not a steady state."""
+    return [t for t in targets if not t.holds(metrics)] + ([STEADY] if metrics.get("steady") == 0.0 else [])

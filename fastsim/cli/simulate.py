@@ -29,7 +29,7 @@ def run(
     max_memory_: MaxMemoryOpt = None,
 ) -> None:
     """Simulate one scenario (the config's base values; its sweep grid is ignored)."""
-    from ..api import METRICS, check_memory, check_writable, describe, simulate, write_requests
+    from ..api import METRICS, check_memory, check_writable, describe, drift, simulate, write_requests
 
     with user_errors():
         cfg = load(config, set_)
@@ -48,6 +48,10 @@ def run(
         return
     rows = [[k, f"{v:.6g}", METRICS[k].units] for k, v in result.metrics.items()]
     print_table(describe(cfg, result.arrival_s.size), ["metric", "value", "units"], rows)
+    moving = drift(result)
+    if moving:
+        err.print(f"notice: not steady: {moving}: these figures describe a run still changing, not the engine's "
+                  "steady state; run more requests, or leave the start out with workload.warmup")
     if result.overloaded:
         err.print("notice: overloaded: the engine falls behind the arrivals (the last fifth of the requests wait "
                   "far longer for a first token than the first): its latencies grow with workload.n_requests")
@@ -65,7 +69,7 @@ def sweep(
     max_memory_: MaxMemoryOpt = None,
 ) -> None:
     """Run the config's sweep grid into one labelled netCDF dataset, then print a summary."""
-    from ..api import next_steps, summarize, sweep_to_file
+    from ..api import next_steps, summarize, sweep_to_file, unsteady
 
     with user_errors():
         cfg = load(config, set_)
@@ -78,6 +82,9 @@ def sweep(
     err.print(f"wrote {target} ({n_points} point{'s' * (n_points != 1)} in {time.perf_counter() - started:.1f} s)")
     title, headers, rows, labels = summarize(grid, table)
     print_table(title, headers, rows, left=labels)
+    note = unsteady(table)
+    if note:
+        err.print(note, soft_wrap=True)
     err.print(next_steps(config, target, cfg), soft_wrap=True)
 
 

@@ -22,7 +22,7 @@ sorted by arrival. Sources:
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -40,6 +40,7 @@ class Traffic:
     prompt_tokens: np.ndarray  # int64 (n,)
     output_tokens: np.ndarray  # int64 (n,), >= 1
     content: Content | None = None  # what requests share (None: nothing, and every arrival given)
+    warmup: int = 0  # the first requests run, but left out of the metrics (``workload.warmup``)
 
     def __len__(self) -> int:
         return self.arrival_s.size
@@ -65,9 +66,36 @@ def key(config: Config) -> tuple:
 
 
 def generate(w: Workload, caching: bool = False, kv_tokens: int | None = None) -> Traffic:
-    """Draw (or replay) the requests the workload section describes. ``caching``: the engine
-    caches by content (a shared prefix is then a system prompt); ``kv_tokens``: the context a
-    session may reach unless ``max_context`` says."""
+    """Draw (or replay) the requests the workload section describes: its warm-up first, then
+    ``n_requests``. ``caching``: the engine caches by content (a shared prefix is then a system
+    prompt); ``kv_tokens``: the context a session may reach unless ``max_context`` says."""
+    kind, amount = w.warmup_window
+    if not amount:
+        return _drawn(w, caching, kv_tokens)
+    if kind == "requests":
+        warm = int(amount)
+    else:  # every request arriving before it (with sessions, every turn of a session starting before it)
+        warm = 0
+        while True:  # (a longer draw keeps its first requests: each count of them is the same)
+            t = _drawn(w.model_copy(update={"n_requests": None if w.n_requests is None else w.n_requests + warm,
+                                             "warmup": 0}), caching, kv_tokens)
+            starts = t.arrival_s if t.content is None or not t.content.closed_loop else _session_starts(t)
+            before = int(np.searchsorted(starts, amount, side="left"))
+            if before == warm or w.n_requests is None:
+                return replace(t, warmup=before)
+            warm = before
+    n = None if w.n_requests is None else w.n_requests + warm
+    return replace(_drawn(w.model_copy(update={"n_requests": n, "warmup": 0}), caching, kv_tokens), warmup=warm)
+
+
+def _session_starts(t: Traffic) -> np.ndarray:
+    """When each request's session started (requests are laid out by session, in start order)."""
+    first = np.flatnonzero(t.content.turn <= 1)
+    return t.arrival_s[first][np.searchsorted(first, np.arange(len(t)), side="right") - 1]
+
+
+def _drawn(w: Workload, caching: bool, kv_tokens: int | None) -> Traffic:
+    """:func:`generate` without a warm-up."""
     if w.trace is not None:
         from . import trace
 

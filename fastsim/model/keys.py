@@ -15,7 +15,7 @@ from .schema import LEAF_KEYS, POLICIES, ROUTERS, ConfigError, field_of
 KINDS = {"engine.policy": " | ".join(POLICIES), "fleet.router": " | ".join(ROUTERS),
          "hardware.preset": "preset or null", "model.preset": "preset or null",
          "fleet.prefill_hardware": "hardware preset or null", "workload.trace": "path or null",
-         "fleet.prefill_replicas": "int or auto",
+         "fleet.prefill_replicas": "int or auto", "workload.warmup": "int or duration",
          "workload.system_prompts": "{count, tokens, popularity, zipf_s} or null",
          "workload.sessions": "{turns, followup, think_s, max_context} or null"}
 

@@ -142,6 +142,8 @@ def requests_layout(result: Result) -> Layout:
         "output_tokens": (result.output_tokens, "tokens", "output length"),
         "first_token_s": (result.first_token_s, "s", "time of the first token, as the client sees it"),
         "done_s": (result.done_s, "s", "time of the last token, as the client sees it"),
+        "measured": (np.arange(result.arrival_s.size) >= result.warmup, "1",
+                     "the request is measured (not a warm-up one: workload.warmup)"),
     }
     if result.replica is not None:
         fields["replica"] = (result.replica, "1", "the replica that served the request (decoded it, when "

@@ -128,6 +128,18 @@ def _sustained(config: Config, table: np.ndarray) -> tuple[np.ndarray, str]:
     return waited, f"TTFT p50 <= {SUSTAINED_TTFT_P50_S:g} s; no slo in the config"
 
 
+def unsteady(table: np.ndarray) -> str | None:
+    """A line about the points whose measured window drifts (``steady`` 0), or None."""
+    flags = table[..., METRIC_INDEX["steady"]]
+    count, total = int((flags == 0).sum()), flags.size
+    if not count:
+        return None
+    return (f"notice: not steady: {count} of {total} point{'s' * (total != 1)} (the dataset's steady variable says "
+            "which): their TTFT median or prefix-cache hit rate drifts across the measured window, so their figures "
+            "describe a run still changing (a queue growing, a cache filling); run more requests, or leave the "
+            "start out with workload.warmup")
+
+
 def next_steps(config_file: Path, result: Path, config: Config) -> str:
     """The line after a sweep: what to ask next of the config and of its result (not the plan of
     a grid that sweeps fleet.replicas, which the plan refuses: it chooses them)."""

@@ -366,21 +366,33 @@ def test_decode_replicas_behind_prefix_aware_routing_go_by_kv_blocks(sessions):
 
 
 def test_the_chat_fleet_figures_of_the_docs(root):
-    """docs/model/prefix-cache.md's table (configs/chat-fleet.yaml on 4 replicas near saturation):
-    prefix-aware routing hits more and keeps TTFT p99 below round robin's; without the cache the
-    fleet falls behind."""
+    """docs/model/prefix-cache.md's table (configs/chat-fleet.yaml on 4 replicas, after a warm-up):
+    prefix-aware routing hits more and keeps TTFT below round robin's, both steady; without the
+    cache the fleet falls behind, and says so."""
     base = load_config(root / "configs/chat-fleet.yaml")
     got = {}
     for cache, router in [(False, "round_robin"), (True, "round_robin"), (True, "prefix_aware")]:
         got[cache, router] = simulate(base.with_values({"engine.prefix_caching": cache, "fleet.router": router})).metrics
     rr, pa, off = got[True, "round_robin"], got[True, "prefix_aware"], got[False, "round_robin"]
     assert pa["prefix_hit_rate"] > rr["prefix_hit_rate"] and pa["ttft_p99_s"] < rr["ttft_p99_s"]
-    table = [(off, math.nan, 1.33, 15.4, 911, 0.474), (rr, 0.41, 0.0778, 1.87, 42, 0.967),
-             (pa, 0.682, 0.0623, 0.242, 0, 0.999)]
-    for m, hit, p50, p99, preemptions, slo in table:
+    table = [(off, math.nan, 23.9, 36.6, 0.062, 0), (rr, 0.410, 0.0751, 0.200, 1.0, 1), (pa, 0.738, 0.0535, 0.177, 1.0, 1)]
+    for m, hit, p50, p99, slo, steady in table:
         assert math.isnan(hit) and math.isnan(m["prefix_hit_rate"]) or round(m["prefix_hit_rate"], 3) == hit
         assert math.isclose(m["ttft_p50_s"], p50, rel_tol=0.01) and math.isclose(m["ttft_p99_s"], p99, rel_tol=0.01)
-        assert m["preemptions"] == preemptions and round(m["slo_attainment"], 3) == slo
+        assert round(m["slo_attainment"], 3) == slo and m["steady"] == steady
+
+
+def test_a_warm_chat_fleet_of_20000_turns_is_its_long_run(root):
+    """The issue that made warm-ups: the chat fleet's first 20,000 turns from an empty fleet are
+    not its long run (a cache filling, queues growing at 13 sessions a second) and must say so;
+    warmed up, 20,000 turns agree with 200,000 within 10 % on TTFT p50 and hit rate."""
+    base = load_config(root / "configs/chat-fleet.yaml", {"fleet.router": "prefix_aware"})
+    cold = simulate(base.with_values({"workload.warmup": 0, "workload.rate": 13})).metrics
+    assert cold["steady"] == 0
+    short, long = (simulate(base.with_values({"workload.n_requests": n})).metrics for n in (20_000, 200_000))
+    assert short["steady"] == long["steady"] == 1
+    for name in ("ttft_p50_s", "prefix_hit_rate"):
+        assert math.isclose(short[name], long[name], rel_tol=0.1), name
 
 
 def test_the_chat_fleet_behind_a_prefill_pool_of_the_docs(root):
@@ -388,16 +400,16 @@ def test_the_chat_fleet_behind_a_prefill_pool_of_the_docs(root):
     replicas; at weight 64 prefix-aware routing sends nearly every prompt to one prefill replica."""
     base = load_config(root / "configs/chat-fleet.yaml").with_values({"fleet.prefill_replicas": 3,
                                                                       "fleet.replicas": 3})
-    table = [("least_outstanding", 64, 0.409, 0.181, 0.144, 390, 0.844),
-             ("prefix_aware", 64, 0.352, 47.4, 0.0143, 0, 0.118), ("prefix_aware", 1, 0.541, 0.168, 0.149, 343, 0.859)]
+    table = [("least_outstanding", 64, 0.411, 0.172, 0.0293, 24, 1.0),
+             ("prefix_aware", 64, 0.327, 160, 0.0135, 0, 0.004), ("prefix_aware", 1, 0.586, 0.147, 0.0287, 17, 1.0)]
     for router, weight, hit, ttft, tpot, preemptions, slo in table:
         r = simulate(base.with_values({"fleet.router": router, "fleet.prefix_weight": weight}))
         m = r.metrics
         assert round(m["prefix_hit_rate"], 3) == hit and round(m["slo_attainment"], 3) == slo
         assert math.isclose(m["ttft_p99_s"], ttft, rel_tol=0.01) and math.isclose(m["tpot_p99_s"], tpot, rel_tol=0.01)
         assert m["preemptions"] == preemptions
-        if weight == 64 and router == "prefix_aware":
-            assert np.bincount(r.prefill_replica).max() == 20_000
+        if weight == 64 and router == "prefix_aware":  # all but a few dozen prompts (warm-up's too) to one replica
+            assert np.bincount(r.prefill_replica).max() > 0.999 * len(r.prefill_replica)
 
 
 def test_the_sample_traces_replay_with_their_hit_rates(root):
@@ -426,10 +438,13 @@ def test_requests_out_carries_cached_tokens_sessions_and_system_prompts(root, tm
     assert result.exit_code == 0, result.output
     with xr.open_dataset(out) as ds:
         assert {"cached_tokens", "session", "turn", "system_prompt", "replica"} <= set(ds.data_vars)
-        later = ds.turn.values > 1
+        measured = ds.measured.values  # (the sessions starting in the config's 15-minute warm-up are not)
+        later = (ds.turn.values > 1) & measured
         assert (ds.cached_tokens.values[later] > 0).all() and (ds.system_prompt.values >= 0).all()
         assert ds.session.values[0] == 0 and ds.turn.values[0] == 1
-        assert ds.attrs["metric_prefix_hit_rate"] == ds.cached_tokens.values.sum() / ds.prompt_tokens.values.sum()
+        assert 0 < measured.sum() == 300 < measured.size and not measured[0]
+        assert ds.attrs["metric_prefix_hit_rate"] == (ds.cached_tokens.values[measured].sum()
+                                                      / ds.prompt_tokens.values[measured].sum())
 
 
 @settings(max_examples=100, deadline=None)
