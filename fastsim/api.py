@@ -23,7 +23,8 @@ from .sweep import io, memory
 from .sweep.checkpoint import Checkpoint
 from .sweep.files import output_lock
 from .sweep.grid import Grid, build_grid
-from .sweep.runner import Progress, Task, check_scheduler, run_grid
+from .sweep.backends import check_scheduler
+from .sweep.runner import Progress, Task, run_grid
 
 # What the command line shows, named here so that it imports nothing else of the package.
 from .analysis.catalog import METRICS  # noqa: F401

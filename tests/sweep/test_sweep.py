@@ -198,7 +198,7 @@ def test_ctrl_c_stops_cleanly_and_keeps_progress(study, request, tmp_path):
 
 
 def test_small_points_in_worker_processes_give_the_same_table(root, tmp_path, monkeypatch):
-    from fastsim.sweep import runner
+    from fastsim.sweep import backends, runner
     from fastsim.sweep.grid import build_grid
 
     config = load_config(h100_study(tmp_path / "few.yaml", root,
@@ -206,15 +206,15 @@ def test_small_points_in_worker_processes_give_the_same_table(root, tmp_path, mo
                                     "  workload.rate: [4, 30]\n"))
     grid = build_grid(config)
     alone = runner.run_grid(grid, workers=1)
-    original, used = runner._processes, []
+    original, used = backends.processes, []
 
     def spy(*args):
         used.append(args)
         return original(*args)
 
     monkeypatch.setattr(runner, "MIN_SECONDS_FOR_PROCESSES", 0.0)
-    monkeypatch.setattr(runner, "_can_fork", lambda: True)  # earlier tests leave Dask's threads behind
-    monkeypatch.setattr(runner, "_processes", spy)
+    monkeypatch.setattr(backends, "can_fork", lambda: True)  # earlier tests leave Dask's threads behind
+    monkeypatch.setattr(backends, "processes", spy)
     forked = runner.run_grid(grid, workers=2)
     assert used and np.array_equal(alone, forked, equal_nan=True)
 
