@@ -34,6 +34,7 @@ from .analysis.plot import figure as plot  # noqa: F401
 from .bench import BenchCheckFailed, bench, cold_start, import_costs, sweep_overhead, traffic_costs  # noqa: F401
 from .model.keys import config_keys, default_text, reference_markdown  # noqa: F401
 from .model.loading import parse_override  # noqa: F401
+from .model.fleet import prefix_cache  # noqa: F401
 from .model.hf_config import Approximation, read as model_shape  # noqa: F401
 from .model.presets import DATASHEETS, HARDWARE, MODELS, PRICE_SOURCES  # noqa: F401
 from .model.schema import LARGEST_POOL  # noqa: F401

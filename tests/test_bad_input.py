@@ -164,8 +164,12 @@ case("model-both-preset-and-config-json", ["run", "{both_models.yaml}"], "model.
 CACHE = ["--set", "engine.prefix_caching=true"]
 SESSIONS = ["--set", "workload.sessions.turns.max=4"]
 for id, args, names in [
-    ("prefix-caching-static", [*CACHE, "--set", "engine.policy=static"], "engine.prefix_caching"),
-    ("prefix-caching-dynamic", [*CACHE, "--set", "engine.policy=dynamic"], "engine.prefix_caching"),
+    # static and dynamic batching run without the prefix cache they do not have, but not what needs one
+    ("sessions-static", [*CACHE, *SESSIONS, "--set", "engine.policy=static"], "workload.sessions"),
+    ("sessions-dynamic", [*SESSIONS, "--set", "engine.policy=dynamic", "--set", "engine.prefix_caching=false"],
+     "workload.sessions"),
+    ("prefix-aware-static", [*CACHE, "--set", "engine.policy=static", "--set", "fleet.replicas=2",
+                             "--set", "fleet.router=prefix_aware"], "fleet.router"),
     ("prefix-caching-reserve", [*CACHE, "--set", "engine.kv_alloc=reserve"], "engine.kv_alloc"),
     ("prefix-caching-unlimited", [*CACHE, "--set", "hardware.mem_gb=null", "--set", "hardware.preset=null"],
      "engine.prefix_caching"),

@@ -30,6 +30,7 @@ import numpy as np
 
 from ..engine import checks
 from ..engine.traffic import Traffic, generate, shared
+from ..model import fleet as pools
 from ..model.fields import LARGEST
 from ..model.loading import not_utf8, parse_override
 from ..model.schema import LEAF_KEYS, Config, ConfigError
@@ -166,7 +167,7 @@ def read_vllm_json(path: Path, config: Config) -> Measured:
     arrival = np.zeros(n) if at_once else generate(run.workload).arrival_s
     return Measured(path.name, {k: settings[k] for k in ("workload.n_requests", "workload.rate",
                                                           "workload.arrival", "workload.burstiness")},
-                    run, measured, shared(run.workload, run.engine.prefix_caching, Traffic(arrival, inputs, outputs)))
+                    run, measured, shared(run.workload, pools.prefix_cache(run), Traffic(arrival, inputs, outputs)))
 
 
 def _words(name: str) -> set[str]:

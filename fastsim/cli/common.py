@@ -26,7 +26,8 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from ..api import METRICS, Approximation, Config, ConfigError, ResumeWarning, checkpoint_path, load_config, parse_override, parse_size
+from ..api import (METRICS, Approximation, Config, ConfigError, ResumeWarning, checkpoint_path, load_config,
+                   parse_override, parse_size, prefix_cache)
 
 
 class _OneLineErrors(typer.core.TyperGroup):
@@ -131,9 +132,14 @@ def user_errors() -> Iterator[None]:
 
 def load(path: Path, sets: list[str] | None, plan: bool = False) -> Config:
     """The config a command runs (checked; ``plan``: a plan's, see :func:`fastsim.api.load_config`);
-    from here on, a kernel compile is announced."""
+    from here on, a kernel compile is announced. A prefix cache its batching does not have is
+    said on stderr."""
     _announce_compiles()
-    return load_config(path, dict(parse_override(s) for s in sets or []), plan)
+    config = load_config(path, dict(parse_override(s) for s in sets or []), plan)
+    if config.engine.prefix_caching and not prefix_cache(config):
+        err.print(f"notice: engine.prefix_caching has no effect on {config.engine.policy} batching (static and "
+                  "dynamic batching have no prefix cache)")
+    return config
 
 
 _compile_notice: list = []  # the one registered listener, once registered

@@ -9,6 +9,7 @@ half-written file. Opened with xarray, a written file equals the in-memory Datas
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ from ..analysis import capacity, plan
 from ..analysis.catalog import ANSWERS
 from ..analysis.metrics import INTEGER_METRICS, METRICS
 from ..analysis.simulation import Result
+from ..model import fleet as pools
 from ..model.keys import units
 from ..model.schema import Config, dim_name
 from .._atomic import atomic_path, disk_error
@@ -130,7 +132,27 @@ def sweep_layout(grid: Grid, table: np.ndarray) -> Layout:
         if name in INTEGER_METRICS and np.isfinite(values).all():  # a capacity search can find no rate
             values = values.astype(np.int64)
         data[name] = (dims_, values, {"units": metric.units, "long_name": metric.long_name})
+    data[PREFIX_CACHE] = (dims_, prefix_cache_in_effect(grid), {
+        "units": "1", "long_name": "the point ran with a prefix cache: engine.prefix_caching on continuous batching "
+                                   "(static and dynamic batching have none, whatever the key says)"})
     return Layout(coords, data, _provenance(grid.base))
+
+
+PREFIX_CACHE = "prefix_cache_in_effect"
+DECIDE_PREFIX_CACHE = ("engine", "engine.policy", "engine.prefix_caching")  # the axes that can change it
+
+
+def prefix_cache_in_effect(grid: Grid) -> np.ndarray:
+    """Whether each point of ``grid`` runs with a prefix cache (:func:`fastsim.model.fleet.prefix_cache`),
+    shape ``grid.shape``: read once per combination of the axes that decide it."""
+    read = [p for p, key in enumerate(grid.keys) if key in DECIDE_PREFIX_CACHE]
+    values = np.zeros([n if p in read else 1 for p, n in enumerate(grid.shape)], dtype=bool)
+    for combo in itertools.product(*(range(grid.shape[p]) for p in read)):
+        idx = [0] * len(grid.keys)
+        for p, j in zip(read, combo):
+            idx[p] = j
+        values[tuple(idx)] = pools.prefix_cache(grid.config_at(tuple(idx)))
+    return np.broadcast_to(values, grid.shape).copy()
 
 
 def requests_layout(result: Result) -> Layout:

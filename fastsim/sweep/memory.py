@@ -85,7 +85,7 @@ def _kind(config: Config) -> str:
     if how == "disaggregated" and w.sessions is not None:
         return "cached"  # both pools in the cache's loop: a turn waits on the decode pool
     shares = (w.sessions is not None or w.system_prompts is not None
-              or (config.engine.prefix_caching and (bool(w.prefix_tokens) or w.trace is not None)))
+              or (fleet.prefix_cache(config) and (bool(w.prefix_tokens) or w.trace is not None)))
     if how == "cached" and not shares:
         return "one" if config.fleet.replicas == 1 else "pool"
     return how
