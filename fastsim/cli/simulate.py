@@ -36,7 +36,10 @@ def run(
         check_memory(cfg, max_memory(max_memory_))
         if requests_out is not None:
             check_writable(requests_out, "--requests-out")
-        result = simulate(cfg)
+        try:
+            result = simulate(cfg)  # on a worker thread: Ctrl-C takes effect at once
+        except KeyboardInterrupt:
+            raise fail("interrupted", 130) from None
     if requests_out is not None:
         try:
             write_requests(result, requests_out)

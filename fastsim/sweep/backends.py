@@ -1,10 +1,15 @@
-"""Where a grid's blocks run, and what a Ctrl-C there does: on this thread, on worker threads,
-in forked worker processes (many small points, which are mostly Python) or on a Dask cluster.
-Each is a context manager whose value submits blocks (:class:`Backend`); left by an exception
-(Ctrl-C), it stops the work in flight at once: worker threads are told to stop and are not
-waited for (a kernel cannot be interrupted; a search stops between two simulations), worker
-processes (forked, or a local Dask cluster's) are ended, and ignore the terminal's Ctrl-C
+"""Where work runs, and what a Ctrl-C there does. A grid's blocks run one at a time, on worker
+threads, in forked worker processes (many small points, which are mostly Python) or on a Dask
+cluster. Each is a context manager whose value submits blocks (:class:`Backend`); left by an
+exception (Ctrl-C), it stops the work in flight at once: worker threads are told to stop and
+are not waited for (a kernel cannot be interrupted; a search stops between two simulations),
+worker processes (forked, or a local Dask cluster's) are ended, and ignore the terminal's Ctrl-C
 themselves so that none prints a traceback. :mod:`.runner` chooses one and feeds it blocks.
+
+Compiled code never runs on the main thread (:func:`in_worker`): Python raises Ctrl-C's
+KeyboardInterrupt there, between any two bytecodes, including those of the Python that compiled
+code calls back (Numba unpickles a constant as it returns an array), which does not expect it
+and crashes the process. The main thread only waits, so Ctrl-C also takes effect at once.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import socket
 import sys
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Callable, Iterator, NamedTuple
+from typing import TYPE_CHECKING, Callable, Iterator, NamedTuple, TypeVar
 
 import numpy as np
 
@@ -25,6 +30,8 @@ from .grid import Grid
 
 if TYPE_CHECKING:
     from .runner import Task
+
+T = TypeVar("T")
 
 
 class Backend(NamedTuple):
@@ -42,9 +49,34 @@ def run_block(grid: Grid, block: np.ndarray, task: Task, stop: threading.Event |
     return block, task([grid.config(i) for i in block.tolist()], stop)
 
 
+def _on_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+def in_worker(fn: Callable[..., T], *args, **kwargs) -> T:
+    """``fn(*args, **kwargs)``; called on the main thread, run on a thread of its own that the
+    main thread waits for. Ctrl-C then interrupts the wait at once (KeyboardInterrupt raised
+    here) and never the work, which goes on to its end (a kernel cannot be interrupted): the
+    command line exits without waiting for it, and the thread is no daemon, so an interpreter
+    that exits normally waits for it rather than being torn down under it."""
+    if not _on_main_thread():
+        return fn(*args, **kwargs)
+    pool = ThreadPoolExecutor(1, thread_name_prefix="fastsim")
+    future = pool.submit(fn, *args, **kwargs)
+    try:
+        return future.result()
+    finally:
+        pool.shutdown(wait=future.done())  # the thread ends with fn: at once, or after a Ctrl-C when fn does
+
+
 @contextlib.contextmanager
 def here(grid: Grid, task: Task) -> Iterator[Backend]:
-    """Blocks run in the calling thread as they are submitted: Ctrl-C lands between two points."""
+    """Blocks run one at a time as they are submitted: in the calling thread, or from the main
+    thread on one worker thread (:func:`in_worker`)."""
+    if _on_main_thread():
+        with threads(grid, task, 1) as backend:
+            yield backend._replace(in_flight=1)
+        return
 
     def submit(block: np.ndarray) -> Future:
         future: Future = Future()
@@ -59,14 +91,17 @@ def threads(grid: Grid, task: Task, workers: int) -> Iterator[Backend]:
     """Worker threads: the kernels release the GIL (``nogil``), the Python around them is a few
     percent of a point, and threads cost nothing to start (no imports, no Numba start-up per
     process). A running block is told to stop on Ctrl-C and is not waited for (the caller exits,
-    or the thread ends with its block)."""
+    or the thread ends with its block); after the last block, the idle threads end before this
+    returns (a sweep that forks workers next needs none left)."""
     stop = threading.Event()
     pool = ThreadPoolExecutor(workers, thread_name_prefix="fastsim")
+    finished = False
     try:
         yield Backend(lambda block: pool.submit(run_block, grid, block, task, stop), 2 * workers)
+        finished = True
     finally:
         stop.set()
-        pool.shutdown(wait=False, cancel_futures=True)
+        pool.shutdown(wait=finished, cancel_futures=not finished)
 
 
 _worker: tuple = ()  # a worker process's (grid, task)

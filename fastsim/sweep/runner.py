@@ -45,9 +45,6 @@ MIN_REQUESTS_FOR_THREADS = 2000
 # Such points go to worker processes instead (forked, Linux) when there is enough work for it:
 # forking costs milliseconds (2000 points of 100 requests: 0.16 s on one thread, 0.12 s forked).
 MIN_SECONDS_FOR_PROCESSES = 1.0
-# Points estimated longer than this run on a worker thread even alone, so that Ctrl-C (which
-# the main thread sees only between two calls into a kernel) takes effect at once.
-INTERRUPT_S = 0.2
 
 
 class Task(Protocol):
@@ -174,7 +171,8 @@ def run_grid(
     (*axes, len(task.columns)).
 
     ``workers``: threads on this machine (default: every core; 1 runs one point at a time, in
-    the calling thread unless a point is long enough that Ctrl-C should not wait for it).
+    the calling thread, or on one worker thread when that is the main thread: Ctrl-C then takes
+    effect at once, and never lands in compiled code, :func:`.backends.in_worker`).
     ``scheduler``: a Dask scheduler address, or ``"local"`` for a local Dask cluster.
     ``checkpoint``: file to record finished points in; ``resume`` continues from it.
     ``on_progress(done, total, work)``: after each block, points done of all, and the fraction of
@@ -207,18 +205,18 @@ def run_grid(
     if not blocks:
         backend = backends.here(grid, task)
     elif scheduler is not None:
-        warm_up(grid, batched)  # fill Numba's cache here, so local Dask workers only load it
+        backends.in_worker(warm_up, grid, batched)  # fill Numba's cache here, so local Dask workers only load it
         backend = backends.dask(grid, task, scheduler, workers, functools.partial(warm_up, grid, batched))
-    elif (workers == 1 or len(blocks) == 1) and seconds < INTERRUPT_S:
-        backend = backends.here(grid, task)  # Ctrl-C lands between two points
+    elif workers == 1 or len(blocks) == 1:
+        backend = backends.here(grid, task)  # one at a time (off the main thread: Ctrl-C takes effect at once)
     elif grid.max_requests * task.seconds_per_request < MIN_REQUESTS_FOR_THREADS * SECONDS_PER_REQUEST:
         if todo.size * seconds < MIN_SECONDS_FOR_PROCESSES or not backends.can_fork():
             backend = backends.here(grid, task)
         else:
-            warm_up(grid, batched)  # compile or load once, before the workers are forked
+            backends.in_worker(warm_up, grid, batched)  # compile or load once, before the workers are forked
             backend = backends.processes(grid, task, min(workers, len(blocks)))
     else:
-        warm_up(grid, batched)  # compile or load once, before threads call the kernels
+        backends.in_worker(warm_up, grid, batched)  # compile or load once, before threads call the kernels
         backend = backends.threads(grid, task, min(workers, len(blocks)))
     if on_progress:
         cost = SECONDS_PER_POINT + grid.requests_per_point() * task.seconds_per_request  # estimated, per point

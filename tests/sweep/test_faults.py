@@ -270,6 +270,62 @@ def test_ctrl_c_on_long_points_takes_effect_at_once(tmp_path, root, where):
     assert 1 <= kept < 4
 
 
+def test_compiled_work_leaves_the_main_thread_to_wait():
+    """in_worker runs a call from the main thread on a thread of its own (Ctrl-C interrupts only
+    the wait), with its result or its exception; from any other thread, in place."""
+    import threading
+
+    from fastsim.sweep.backends import in_worker
+
+    where = []
+
+    def record() -> int:
+        where.append(threading.current_thread())
+        return 7
+
+    assert in_worker(record) == 7 and where[-1] is not threading.main_thread()
+    with pytest.raises(ZeroDivisionError):
+        in_worker(lambda: 1 / 0)
+    other = threading.Thread(target=in_worker, args=(record,))
+    other.start()
+    other.join()
+    assert where[-1] is other
+
+
+def _loading_numpy(pid: int) -> bool:
+    """The process has begun loading NumPy: fastsim's own code runs (Python's start-up is over)."""
+    try:
+        return "_multiarray_umath" in open(f"/proc/{pid}/maps").read()
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+@pytest.mark.parametrize("after_s", [0.0, 0.5, 2.0], ids=["loading", "starting", "simulating"])
+def test_ctrl_c_ends_one_long_run_at_once_and_cleanly(root, after_s):
+    """A run of 8 M requests (seconds of kernel, which cannot be interrupted): Ctrl-C, at a
+    moment of its start-up or of its simulation, ends it at once with exit code 130 and one
+    line, never a crash (it once segfaulted: KeyboardInterrupt landed in the Python that compiled
+    code calls back). tests/stress_interrupt.py sends 200 at random moments."""
+    cmd = [sys.executable, "-X", "faulthandler", "-m", "fastsim", "run", str(root / "configs/h100.yaml"),
+           "--set", "workload.n_requests=8000000", "--json"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not _loading_numpy(proc.pid):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+        time.sleep(0.001)
+    time.sleep(after_s)
+    assert proc.poll() is None, "the run ended before its interrupt"
+    os.killpg(proc.pid, signal.SIGINT)
+    sent = time.monotonic()
+    _, stderr = proc.communicate(timeout=60)
+    took = time.monotonic() - sent
+    said = [line for line in stderr.strip().splitlines() if not line.startswith("compiling kernels")]
+    assert proc.returncode == 130 and said == ["error: interrupted"], stderr
+    assert took < 3.0, took  # ~0.05 s; generous for a loaded machine
+
+
 def test_forked_workers_end_quietly_when_their_parent_is_killed(tmp_path, root):
     """Many small points run in forked worker processes; SIGKILL to the parent alone: the
     workers end with it, and nothing (no broken-pipe traceback) reaches stderr."""

@@ -1,0 +1,108 @@
+"""Ctrl-C at random moments of one long ``fastsim run``, many times: every interrupt must end the
+process with exit code 130 within a second, never with a crash (a signal's negative exit code).
+
+Not collected by pytest (its name does not start with ``test_``); run it by hand after touching
+how runs or signals are handled (docs/performance.md, "Interrupting"):
+
+    python tests/stress_interrupt.py                 # 200 interrupts of 8 M requests, ~15 minutes on 2 cores
+    python tests/stress_interrupt.py --runs 20 --requests 2000000
+
+Each run starts in a session of its own and gets SIGINT sent to its whole process group, as a
+terminal's Ctrl-C is, at a moment drawn uniformly over an uninterrupted run's length (start-up,
+traffic, kernel, metrics, printing). Python's faulthandler is on in the children: a crash prints
+its threads' stacks, which this script shows. Exit code 0 when every interrupt passed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LIMIT_S = 1.0  # the longest an interrupt may take to end the run
+
+
+def command(requests: int) -> list[str]:
+    return [sys.executable, "-X", "faulthandler", "-m", "fastsim", "run", str(ROOT / "configs/h100.yaml"),
+            "--set", f"workload.n_requests={requests}", "--json"]
+
+
+def start(requests: int) -> subprocess.Popen:
+    return subprocess.Popen(command(requests), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, cwd=ROOT)
+
+
+def interrupt(requests: int, after_s: float) -> tuple[int | None, float, str]:
+    """One run, interrupted ``after_s`` seconds after its start: (exit code, seconds from the
+    signal to the end, stderr); exit code None when the run ended before the signal."""
+    proc = start(requests)
+    try:
+        proc.wait(timeout=after_s)
+        return None, 0.0, proc.stderr.read()
+    except subprocess.TimeoutExpired:
+        pass
+    os.killpg(proc.pid, signal.SIGINT)
+    sent = time.monotonic()
+    try:
+        _, stderr = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        _, stderr = proc.communicate()
+        return proc.returncode, time.monotonic() - sent, "hung for 60 s: killed\n" + stderr
+    return proc.returncode, time.monotonic() - sent, stderr
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=200, help="interrupts to send (default 200)")
+    parser.add_argument("--requests", type=int, default=8_000_000, help="requests of the run (default 8 M)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the moments drawn")
+    args = parser.parse_args()
+    began = time.monotonic()
+    whole = start(args.requests)  # also compiles the kernels, once, if the cache is cold
+    _, stderr = whole.communicate()
+    if whole.returncode != 0:
+        print(f"an uninterrupted run failed (exit {whole.returncode}):\n{stderr}", file=sys.stderr)
+        return 1
+    length = time.monotonic() - began
+    if "compiling kernels" in stderr:  # time a run that loads them from the cache instead
+        began = time.monotonic()
+        start(args.requests).communicate()
+        length = time.monotonic() - began
+    print(f"an uninterrupted run of {args.requests:,} requests: {length:.2f} s; {args.runs} interrupts at random "
+          f"moments within it", flush=True)
+    rng = random.Random(args.seed)
+    stops: list[float] = []
+    codes: dict[int, int] = {}
+    failures = 0
+    ended_first = 0
+    for i in range(args.runs):
+        after = rng.uniform(0.0, length)
+        code, took, stderr = interrupt(args.requests, after)
+        if code is None:
+            ended_first += 1
+            continue
+        stops.append(took)
+        codes[code] = codes.get(code, 0) + 1
+        if code != 130 or took > LIMIT_S:
+            failures += 1
+            print(f"run {i}: interrupted at {after:.3f} s: exit {code} after {took:.3f} s\n{stderr}", flush=True)
+    if not stops:
+        print("every run ended before its interrupt: nothing measured", file=sys.stderr)
+        return 1
+    print(f"{len(stops)} interrupts ({ended_first} runs ended first): exit codes "
+          f"{', '.join(f'{c} x{n}' for c, n in sorted(codes.items()))}; stop time median "
+          f"{statistics.median(stops) * 1e3:.0f} ms, p90 {sorted(stops)[int(0.9 * (len(stops) - 1))] * 1e3:.0f} ms, "
+          f"max {max(stops) * 1e3:.0f} ms; {failures} failed (exit other than 130, or over {LIMIT_S:g} s)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
