@@ -309,6 +309,8 @@ for name, names in [("trace_binary.csv", "UTF-8"), ("trace_utf16.csv", "UTF-8"),
          names)
 
 # --- options
+LONG = "{%s.nc}" % ("x" * 300)  # a file name longer than a file system takes (255 bytes)
+LONGISH = "{%s.nc}" % ("y" * 245)  # one that fits, but not its temporary name
 for command in (["sweep", H100, "--out", "{out.nc}"], ["capacity", H100, "--out", "{out.nc}"],
                 ["plan", PLAN, "--out", "{out.nc}"]):
     name = command[0]
@@ -321,7 +323,8 @@ for command in (["sweep", H100, "--out", "{out.nc}"], ["capacity", H100, "--out"
                           (["--max-memory", "5XB"], "--max-memory"), (["--max-memory", ""], "--max-memory"),
                           (["--max-memory", "nan"], "--max-memory"), (["--max-memory", "1KB"], "allowed"),
                           (["--nope"], "--nope"), (["--out"], "--out"), (["--out", "{blocker}/x.nc"], "blocker"),
-                          (["--out", "{folder}"], "folder")]:
+                          (["--out", "{folder}"], "folder"), (["--out", LONG], "name too long"),
+                          (["--out", LONGISH], "name too long"), (["--out", LONG + "/x.nc"], "name too long")]:
         case(f"option-{name}-{' '.join(option)}", [*command, "-q", *SMALL, *option], names)
 for option, names in [(["--attainment", "2"], "--attainment"), (["--attainment", "-0.5"], "--attainment"),
                       (["--attainment", "nan"], "--attainment"), (["--target", "ttft_p99_s<1"], "ttft_p99_s<1"),
@@ -341,6 +344,8 @@ case("command-unknown", ["simulate"], "simulate")
 case("keys-unknown-section", ["keys", "engines"], "engines")
 case("requests-out-blocked", ["run", REF, "--requests-out", "{blocker}/x.nc"], "blocker")
 case("requests-out-folder", ["run", REF, "--requests-out", "{folder}"], "folder")
+case("requests-out-long", ["run", REF, "--requests-out", LONG], "name too long")
+case("requests-out-longish", ["run", REF, "--requests-out", LONGISH], "name too long")
 
 # --- calibrate
 for name, names in [("measured_binary.csv", "UTF-8"), ("measured_utf16.csv", "UTF-8"),
@@ -366,7 +371,8 @@ for name, names in [("measured_binary.csv", "UTF-8"), ("measured_utf16.csv", "UT
                     ("folder", "folder")]:
     case(f"calibrate-{name}", ["calibrate", H100, "{%s}" % name], names)
 for option, names in [(["--fit", "nope"], "nope"), (["--fit", ","], "--fit"),
-                      (["--fit", "engine.max_batch"], "engine.max_batch"), (["--out", "{blocker}/x.yaml"], "blocker")]:
+                      (["--fit", "engine.max_batch"], "engine.max_batch"), (["--out", "{blocker}/x.yaml"], "blocker"),
+                      (["--out", LONG], "name too long")]:
     case(f"calibrate-option-{' '.join(option)}", ["calibrate", H100, "configs/calibration/vllm-2026-02-h100.csv", *option],
          names)
 
@@ -383,7 +389,8 @@ for option, names in [(["--x", "rate", "--hue", "rate"], "rate"), (["--x", "nope
                       (["--x", "max_batch", "--col", "max_batch"], "max_batch"),
                       (["--sel", "nope=1"], "nope"), (["--sel", "rate"], "rate"), (["--sel", "rate=abc"], "rate"),
                       (["--sel", "rate=999"], "999"), (["--out", "{fig.xyz}"], "xyz"), (["--y", "rate"], "rate"),
-                      (["--out", "{blocker}/fig.png"], "blocker"), (["--out", "{folder}"], "folder")]:
+                      (["--out", "{blocker}/fig.png"], "blocker"), (["--out", "{folder}"], "folder"),
+                      (["--out", LONG], "name too long")]:
     case(f"plot-sweep-{' '.join(option)}", ["plot", "{sweep.nc}", *option], names)
 for option, names in [(["--y", "binding"], "binding"), (["--x", "rate"], "rate")]:
     case(f"plot-capacity-{' '.join(option)}", ["plot", "{capacity.nc}", *option, "--out", "{fig.png}"], names)

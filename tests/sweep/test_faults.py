@@ -225,6 +225,28 @@ def test_other_outputs_on_a_full_disk(study, tiny_disk, tmp_path, root, option):
     assert sorted(p.name for p in tiny_disk.iterdir()) == ["filler"]  # no partial file left
 
 
+def test_outputs_on_a_read_only_file_system_are_refused_before_any_work(study, tmp_path, root):
+    """Every command that writes a file refuses, naming it, one that cannot be created there."""
+    mount = tmp_path / "ro"
+    mount.mkdir()
+    if sys.platform != "linux" or os.geteuid() != 0 or not shutil.which("mount"):
+        pytest.skip("mounting a read-only tmpfs needs root on Linux")
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(mount)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        for args in (["sweep", study, "--out", mount / "a.nc"], ["capacity", study, "--out", mount / "new" / "a.nc"],
+                     ["run", study, "--requests-out", mount / "r.nc"],
+                     ["calibrate", root / "configs/h100.yaml", root / "configs/calibration/vllm-2026-02-h100.csv",
+                      "--out", mount / "c.yaml"]):
+            result = CliRunner().invoke(app, [str(a) for a in args])
+            assert result.exit_code == 2, result.output
+            assert result.stderr.strip().splitlines() == [f"error: {args[-2]} {args[-1]}: cannot write here "
+                                                           "(Read-only file system)"]
+    finally:
+        subprocess.run(["umount", "--lazy", str(mount)], check=False)
+
+
+# --- interrupts
 # --- interrupts
 
 def load_sweep(tmp_path, root, n_requests: int, rates: list[float]):
