@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+import xarray as xr
 from typer.testing import CliRunner
 
 from fastsim.cli import app
@@ -382,6 +383,10 @@ for name, names in [("not_netcdf.nc", "not_netcdf.nc"), ("binary.nc", "binary.nc
     case(f"compare-{name}", ["compare", "{sweep.nc}", "{%s}" % name], names)
     case(f"plot-{name}", ["plot", "{%s}" % name, "--out", "{fig.png}"], names)
 case("compare-sweep-capacity", ["compare", "{sweep.nc}", "{capacity.nc}"], "")
+case("compare-text-metric", ["compare", "{sweep.nc}", "{text_metric.nc}"], "throughput_tok_s")
+case("compare-text-baseline", ["compare", "{text_metric.nc}", "{sweep.nc}"], "throughput_tok_s")
+case("compare-text-metric-named", ["compare", "{sweep.nc}", "{text_metric.nc}", "--metric", "throughput_tok_s"],
+     "throughput_tok_s")
 case("compare-rtol", ["compare", "{sweep.nc}", "{sweep.nc}", "--rtol", "-1"], "--rtol")
 case("compare-metric", ["compare", "{sweep.nc}", "{sweep.nc}", "--metric", "nope"], "nope")
 for option, names in [(["--x", "rate", "--hue", "rate"], "rate"), (["--x", "nope"], "nope"),
@@ -412,6 +417,8 @@ def folder(tmp_path_factory) -> Path:
         assert result.exit_code == 0, result.output
     result = runner.invoke(app, ["run", str(root / REF), "--requests-out", str(tmp / "requests.nc"), *SMALL])
     assert result.exit_code == 0, result.output
+    with xr.open_dataset(tmp / "sweep.nc") as ds:  # a metric that holds numbers as text
+        ds.load().assign(throughput_tok_s=ds.throughput_tok_s.astype(str)).to_netcdf(tmp / "text_metric.nc")
     return tmp
 
 
