@@ -442,7 +442,7 @@ def test_bad_input_is_one_line_and_exit_2(args, names, may_run, folder, root):
     if may_run and result.exit_code == 0:
         return
     assert result.exit_code == 2, result.output
-    lines = result.stderr.strip().splitlines()
+    lines = result.stderr.splitlines()  # no empty line either
     assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
     assert "Traceback" not in result.output
     assert names in lines[0], lines[0]

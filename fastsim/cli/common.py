@@ -263,4 +263,5 @@ def run_to_file(label: str, quiet: bool, destination: Path,
     except OSError as exc:
         raise fail(f"{destination}: {exc.strerror or exc}{kept(destination)}") from None
     finally:
-        bar.stop()
+        if bar.live.is_started:  # (stopped unstarted, it prints an empty line after the error)
+            bar.stop()
