@@ -132,14 +132,17 @@ def user_errors() -> Iterator[None]:
 
 def load(path: Path, sets: list[str] | None, plan: bool = False) -> Config:
     """The config a command runs (checked; ``plan``: a plan's, see :func:`fastsim.api.load_config`);
-    from here on, a kernel compile is announced. A prefix cache its batching does not have is
-    said on stderr."""
+    from here on, a kernel compile is announced."""
     _announce_compiles()
-    config = load_config(path, dict(parse_override(s) for s in sets or []), plan)
+    return load_config(path, dict(parse_override(s) for s in sets or []), plan)
+
+
+def notices(config: Config) -> None:
+    """What a command that ran ``config`` says last on stderr about keys that had no effect (after
+    its work: a refusal stays one line)."""
     if config.engine.prefix_caching and not prefix_cache(config):
         err.print(f"notice: engine.prefix_caching has no effect on {config.engine.policy} batching (static and "
                   "dynamic batching have no prefix cache)")
-    return config
 
 
 _compile_notice: list = []  # the one registered listener, once registered

@@ -13,7 +13,7 @@ from typing import Annotated, Optional
 import typer
 
 from .common import (ConfigArg, MaxMemoryOpt, QuietOpt, ResumeOpt, SchedulerOpt, SetOpt, WorkersOpt, command, err,
-                     fail, load, max_memory, out, print_table, run_to_file, user_errors)
+                     fail, load, max_memory, notices, out, print_table, run_to_file, user_errors)
 
 OutOpt = Annotated[Optional[Path], typer.Option("--out", help="netCDF output (default: results/<config name>.nc).")]
 
@@ -48,12 +48,13 @@ def run(
     if as_json:
         clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in result.metrics.items()}
         typer.echo(json.dumps(clean))
-        return
-    rows = [[k, f"{v:.6g}", METRICS[k].units] for k, v in result.metrics.items()]
-    print_table(describe(cfg, result.arrival_s.size), ["metric", "value", "units"], rows)
-    if result.overloaded:
-        err.print("notice: overloaded: the engine falls behind the arrivals (the last fifth of the requests wait "
-                  "far longer for a first token than the first): its latencies grow with workload.n_requests")
+    else:
+        rows = [[k, f"{v:.6g}", METRICS[k].units] for k, v in result.metrics.items()]
+        print_table(describe(cfg, result.arrival_s.size), ["metric", "value", "units"], rows)
+        if result.overloaded:
+            err.print("notice: overloaded: the engine falls behind the arrivals (the last fifth of the requests wait "
+                      "far longer for a first token than the first): its latencies grow with workload.n_requests")
+    notices(cfg)
 
 
 @command
@@ -81,6 +82,7 @@ def sweep(
     err.print(f"wrote {target} ({n_points} point{'s' * (n_points != 1)} in {time.perf_counter() - started:.1f} s)")
     title, headers, rows, labels = summarize(grid, table)
     print_table(title, headers, rows, left=labels)
+    notices(cfg)
     err.print(next_steps(config, target, cfg), soft_wrap=True)
 
 
