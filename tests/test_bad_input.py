@@ -137,6 +137,7 @@ FILES |= {
     "vllm_metric_negative.json": _vllm(mean_ttft_ms=-5),
     "vllm_no_metric.json": _vllm(mean_ttft_ms=..., mean_e2el_ms=...),
     "vllm_no_rate.json": _vllm(request_rate=...),
+    "vllm_rate_inf.json": _vllm(request_rate="inf", model_id="meta-llama/Llama-3.1-8B-Instruct"),
     "not_netcdf.nc": "hello",
     "binary.nc": bytes(range(256)) * 4,
     "empty.nc": "",
@@ -200,6 +201,10 @@ for id, args, names in [
     ("trace-hash-block-0", [*CACHE, "--set", "workload.trace_hash_block=0"], "workload.trace_hash_block"),
 ]:
     case(f"prefix-{id}", ["run", H100, *SMALL, *args], names)
+for policy in ("static", "dynamic"):  # runs, without the prefix cache these have not
+    case(f"prefix-caching-{policy}", ["run", H100, *SMALL, *CACHE, "--set", f"engine.policy={policy}"], may_run=True)
+    case(f"prefix-caching-{policy}-max-memory", ["run", H100, *CACHE, "--set", f"engine.policy={policy}",
+                                                 "--max-memory", "1kB"], "requests need ~")
 for name, names in [("hash_not_list.jsonl", "hash_ids"), ("hash_text_ids.jsonl", "hash_ids"),
                     ("hash_wrong_count.jsonl", "workload.trace_hash_block"), ("hash_not_json.jsonl", "not JSON"),
                     ("hash_no_ids.jsonl", "hash_ids"), ("conv_parent_later.csv", "parent_chat_id"),
@@ -371,6 +376,8 @@ for name, names in [("measured_binary.csv", "UTF-8"), ("measured_utf16.csv", "UT
                     ("vllm_no_rate.json", "request_rate"), ("nowhere.csv", "no such file"),
                     ("folder", "folder")]:
     case(f"calibrate-{name}", ["calibrate", H100, "{%s}" % name], names)
+case("calibrate-vllm_rate_inf.json", ["calibrate", H100, "{vllm_rate_inf.json}", "--fit", "calibration.api_overhead_ms",
+                                     "--out", "{fit.yaml}"], may_run=True)  # every request at t = 0
 for option, names in [(["--fit", "nope"], "nope"), (["--fit", ","], "--fit"),
                       (["--fit", "engine.max_batch"], "engine.max_batch"), (["--out", "{blocker}/x.yaml"], "blocker"),
                       (["--out", LONG], "name too long")]:
