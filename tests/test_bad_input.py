@@ -380,7 +380,7 @@ case("calibrate-vllm_rate_inf.json", ["calibrate", H100, "{vllm_rate_inf.json}",
                                      "--out", "{fit.yaml}"], may_run=True)  # every request at t = 0
 for option, names in [(["--fit", "nope"], "nope"), (["--fit", ","], "--fit"),
                       (["--fit", "engine.max_batch"], "engine.max_batch"), (["--out", "{blocker}/x.yaml"], "blocker"),
-                      (["--out", LONG], "name too long")]:
+                      (["--out", LONG.replace(".nc", ".yaml")], "name too long")]:
     case(f"calibrate-option-{' '.join(option)}", ["calibrate", H100, "configs/calibration/vllm-2026-02-h100.csv", *option],
          names)
 
@@ -402,7 +402,7 @@ for option, names in [(["--x", "rate", "--hue", "rate"], "rate"), (["--x", "nope
                       (["--sel", "nope=1"], "nope"), (["--sel", "rate"], "rate"), (["--sel", "rate=abc"], "rate"),
                       (["--sel", "rate=999"], "999"), (["--out", "{fig.xyz}"], "xyz"), (["--y", "rate"], "rate"),
                       (["--out", "{blocker}/fig.png"], "blocker"), (["--out", "{folder}"], "folder"),
-                      (["--out", LONG], "name too long")]:
+                      (["--out", LONG.replace(".nc", ".png")], "name too long")]:
     case(f"plot-sweep-{' '.join(option)}", ["plot", "{sweep.nc}", *option], names)
 for option, names in [(["--y", "binding"], "binding"), (["--x", "rate"], "rate")]:
     case(f"plot-capacity-{' '.join(option)}", ["plot", "{capacity.nc}", *option, "--out", "{fig.png}"], names)
