@@ -100,9 +100,8 @@ def _fits(grid: Grid, workers: int | None, scheduler: str | None, max_memory: in
     of ``points`` points, and that ``scheduler`` is one; returns the grid."""
     if scheduler is not None:
         check_scheduler(scheduler)
-    largest = grid.base.at({"workload.n_requests": grid.max_requests, "workload.trace": None})
     local = scheduler is None or scheduler == "local"
-    memory.check(largest, (workers or os.cpu_count() or 1) if local else 0, points, max_memory)
+    memory.check(memory.largest(grid), (workers or os.cpu_count() or 1) if local else 0, points, max_memory)
     return grid
 
 

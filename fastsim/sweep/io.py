@@ -9,7 +9,6 @@ half-written file. Opened with xarray, a written file equals the in-memory Datas
 
 from __future__ import annotations
 
-import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -139,19 +138,14 @@ def sweep_layout(grid: Grid, table: np.ndarray) -> Layout:
 
 
 PREFIX_CACHE = "prefix_cache_in_effect"
-DECIDE_PREFIX_CACHE = ("engine", "engine.policy", "engine.prefix_caching")  # the axes that can change it
 
 
 def prefix_cache_in_effect(grid: Grid) -> np.ndarray:
     """Whether each point of ``grid`` runs with a prefix cache (:func:`fastsim.model.fleet.prefix_cache`),
-    shape ``grid.shape``: read once per combination of the axes that decide it."""
-    read = [p for p, key in enumerate(grid.keys) if key in DECIDE_PREFIX_CACHE]
-    values = np.zeros([n if p in read else 1 for p, n in enumerate(grid.shape)], dtype=bool)
-    for combo in itertools.product(*(range(grid.shape[p]) for p in read)):
-        idx = [0] * len(grid.keys)
-        for p, j in zip(read, combo):
-            idx[p] = j
-        values[tuple(idx)] = pools.prefix_cache(grid.config_at(tuple(idx)))
+    shape ``grid.shape``: read once per combination of the engine's axes, which decide it."""
+    values = np.zeros([n if key.startswith("engine") else 1 for key, n in zip(grid.keys, grid.shape)], dtype=bool)
+    for idx in grid.combinations(("engine",)):
+        values[idx] = pools.prefix_cache(grid.config_at(idx))
     return np.broadcast_to(values, grid.shape).copy()
 
 

@@ -22,6 +22,7 @@ from ..engine.kernels.prefix import HELD_MOST
 from ..model import fleet
 from ..model.cost import kv_blocks
 from ..model.schema import Config, ConfigError
+from .grid import Grid
 
 # Peak bytes a request, by how the fleet runs: the growth of resident memory over one run in a
 # fresh thread (its scratch allocated anew, as a command's run or a worker's first point), 100 k
@@ -85,6 +86,20 @@ def run_bytes(config: Config) -> int:
     per process and its 32 bytes a request are counted among them)."""
     per_request = BYTES_PER_REQUEST if config.engine.policy == "continuous" else BYTES_PER_REQUEST_STATIC
     return requests(config) * per_request[_kind(config)] + BYTES_PER_RUN + replica_bytes(config)
+
+
+# The axes that change what a run needs beside its requests: the policy, how the fleet runs,
+# its pools, the prefix cache and what requests share, the KV cache, the longest output.
+KEYS = ("engine", "fleet", "hardware", "model", "workload.sessions", "workload.system_prompts",
+        "workload.prefix_tokens", "workload.output")
+
+
+def largest(grid: Grid) -> Config:
+    """The point of ``grid`` that needs the most memory: the most requests any point simulates,
+    on the combination of the :data:`KEYS` axes whose run needs most (as many as the checks that
+    span sections read)."""
+    most = {"workload.n_requests": grid.max_requests, "workload.trace": None}
+    return max((grid.config_at(idx).at(most) for idx in grid.combinations(KEYS)), key=run_bytes)
 
 
 def point_bytes(config: Config) -> int:

@@ -158,3 +158,16 @@ def test_capacity_checks_the_largest_point_of_its_grid(root, tmp_path):
                                              "--out", str(tmp_path / "c.nc")]))
     assert line.startswith("error: workload.n_requests: 1,000,000,000 requests need ~336 GB")
     assert not list(tmp_path.iterdir())
+
+
+def test_a_sweep_is_estimated_at_its_most_demanding_point(root):
+    """Not at its base's values: a static base with a continuous point, one replica and four."""
+    from fastsim.sweep.grid import build_grid
+
+    config = load_config(root / "configs/h100.yaml", {"engine.policy": "static", "workload.n_requests": 100_000,
+                                                      "sweep.engine.policy": ["static", "continuous"],
+                                                      "sweep.fleet.replicas": [1, 4]})
+    grid = build_grid(config)
+    most = memory.largest(grid)
+    assert (most.engine.policy, most.fleet.replicas) == ("continuous", 4)
+    assert memory.run_bytes(most) == max(memory.run_bytes(grid.config(i)) for i in range(grid.size))
