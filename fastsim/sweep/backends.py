@@ -15,6 +15,7 @@ and crashes the process. The main thread only waits, so Ctrl-C also takes effect
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import socket
@@ -53,29 +54,42 @@ def _on_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
+MAIN_WORKER = "fastsim-main"  # the name of the thread that runs the main thread's compiled work
+_main: list = []  # [its executor, the last future submitted to it], once started
+
+
+def _on_main_worker(fn: Callable[..., T], *args) -> Future:
+    """Submit ``fn(*args)`` to the main thread's worker: one thread, kept from call to call, so
+    that its scratch (:func:`fastsim.analysis.simulation.scratch`) is reused, as the main
+    thread's own was. Not a daemon: an interpreter that exits normally waits for it rather than
+    being torn down under a kernel."""
+    if not _main:
+        _main[:] = [ThreadPoolExecutor(1, thread_name_prefix=MAIN_WORKER), None]
+    _main[1] = _main[0].submit(fn, *args)
+    return _main[1]
+
+
 def in_worker(fn: Callable[..., T], *args, **kwargs) -> T:
-    """``fn(*args, **kwargs)``; called on the main thread, run on a thread of its own that the
-    main thread waits for. Ctrl-C then interrupts the wait at once (KeyboardInterrupt raised
-    here) and never the work, which goes on to its end (a kernel cannot be interrupted): the
-    command line exits without waiting for it, and the thread is no daemon, so an interpreter
-    that exits normally waits for it rather than being torn down under it."""
+    """``fn(*args, **kwargs)``; called on the main thread, run on the main thread's worker while
+    the main thread waits. Ctrl-C then interrupts the wait at once (KeyboardInterrupt raised
+    here) and never the work, which goes on to its end (a kernel cannot be interrupted; the
+    command line exits without waiting for it, and a next call waits its turn)."""
     if not _on_main_thread():
         return fn(*args, **kwargs)
-    pool = ThreadPoolExecutor(1, thread_name_prefix="fastsim")
-    future = pool.submit(fn, *args, **kwargs)
-    try:
-        return future.result()
-    finally:
-        pool.shutdown(wait=future.done())  # the thread ends with fn: at once, or after a Ctrl-C when fn does
+    return _on_main_worker(functools.partial(fn, *args, **kwargs)).result()
 
 
 @contextlib.contextmanager
 def here(grid: Grid, task: Task) -> Iterator[Backend]:
     """Blocks run one at a time as they are submitted: in the calling thread, or from the main
-    thread on one worker thread (:func:`in_worker`)."""
+    thread on its worker (:func:`in_worker`), told to stop on Ctrl-C (a search stops between
+    two simulations)."""
     if _on_main_thread():
-        with threads(grid, task, 1) as backend:
-            yield backend._replace(in_flight=1)
+        stop = threading.Event()
+        try:
+            yield Backend(lambda block: _on_main_worker(run_block, grid, block, task, stop), 1)
+        finally:
+            stop.set()
         return
 
     def submit(block: np.ndarray) -> Future:
@@ -91,17 +105,14 @@ def threads(grid: Grid, task: Task, workers: int) -> Iterator[Backend]:
     """Worker threads: the kernels release the GIL (``nogil``), the Python around them is a few
     percent of a point, and threads cost nothing to start (no imports, no Numba start-up per
     process). A running block is told to stop on Ctrl-C and is not waited for (the caller exits,
-    or the thread ends with its block); after the last block, the idle threads end before this
-    returns (a sweep that forks workers next needs none left)."""
+    or the thread ends with its block)."""
     stop = threading.Event()
     pool = ThreadPoolExecutor(workers, thread_name_prefix="fastsim")
-    finished = False
     try:
         yield Backend(lambda block: pool.submit(run_block, grid, block, task, stop), 2 * workers)
-        finished = True
     finally:
         stop.set()
-        pool.shutdown(wait=finished, cancel_futures=not finished)
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 _worker: tuple = ()  # a worker process's (grid, task)
@@ -136,8 +147,15 @@ def _block_in_worker(block: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def can_fork() -> bool:
     """Forking is safe here: Linux, and no other thread that a child could inherit mid-lock (a
-    notebook's kernel has some: its sweeps of small points stay on one thread)."""
-    return sys.platform == "linux" and threading.active_count() == 1
+    notebook's kernel has some: its sweeps of small points stay on one thread) but the main
+    thread's worker, idle (waiting for work, it holds none)."""
+    busy = bool(_main) and _main[1] is not None and not _main[1].done()
+    others = [t for t in threading.enumerate() if t is not threading.current_thread()]
+    return sys.platform == "linux" and not busy and all(t.name.startswith(MAIN_WORKER) for t in others)
+
+
+if hasattr(os, "register_at_fork"):  # a forked child has the executor but not its thread
+    os.register_at_fork(after_in_child=_main.clear)
 
 
 @contextlib.contextmanager

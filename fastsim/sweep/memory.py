@@ -24,9 +24,9 @@ from ..model.cost import kv_blocks
 from ..model.schema import Config, ConfigError
 from .grid import Grid
 
-# Peak bytes a request, by how the fleet runs: the growth of resident memory over one run in a
-# fresh thread (its scratch allocated anew, as a command's run or a worker's first point), 100 k
-# to 2 M requests, at most: one engine 299 (continuous, serving model; 145 the lesson's),
+# Peak bytes a request, by how the fleet runs: the growth of resident memory over one run whose
+# scratch is allocated for it (as a command's run, or a worker's first point), 100 k to 2 M
+# requests, at most: one engine 299 (continuous, serving model; 145 the lesson's),
 # replicas apart 309, a coupled pool 298, disaggregated 468, the prefix cache's loop 460
 # (sessions behind a prefill pool); some 15 % is added.
 BYTES_PER_REQUEST = {"one": 336, "apart": 352, "pool": 352, "disaggregated": 512, "cached": 512}

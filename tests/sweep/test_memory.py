@@ -78,7 +78,7 @@ gc.collect()
 resting = psutil.Process().memory_info().rss
 with open("/proc/self/clear_refs", "w") as f:  # reset the peak (VmHWM) to what is resident now
     f.write("5")
-fastsim.simulate(base) if not base.sweep else fastsim.sweep(base, workers=1)  # a fresh thread: a fresh scratch
+fastsim.simulate(base) if not base.sweep else fastsim.sweep(base, workers=1)  # its scratch grows from the small run's
 peak = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
 print(peak * 1024 - resting, memory.point_bytes(base) if base.sweep else memory.run_bytes(base))
 """
@@ -110,9 +110,9 @@ KINDS = {
 @pytest.mark.skipif(sys.platform != "linux", reason="reads the peak from /proc/self/status")
 @pytest.mark.parametrize("kind", KINDS)
 def test_estimate_bounds_the_measured_peak(kind):
-    """Peak resident memory of a run of 400,000 requests on a thread of its own, as a command
-    runs it (beyond what the process held at rest, kernels loaded), stays under the estimate,
-    for every way a fleet runs and every policy; a sweep's worker's, for small points."""
+    """Peak resident memory of a run of 400,000 requests whose scratch grows for it, as a
+    command's does (beyond what the process held at rest, kernels loaded), stays under the
+    estimate, for every way a fleet runs and every policy; a sweep's worker's, for small points."""
     n = 4000 if "sweep" in KINDS[kind] else 400_000
     values = {"workload.rate": 40, **KINDS[kind], "workload.n_requests": n}
     done = subprocess.run([sys.executable, "-c", MEASURE, json.dumps(values)], capture_output=True, text=True,
