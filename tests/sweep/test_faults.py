@@ -247,7 +247,6 @@ def test_outputs_on_a_read_only_file_system_are_refused_before_any_work(study, t
 
 
 # --- interrupts
-# --- interrupts
 
 def load_sweep(tmp_path, root, n_requests: int, rates: list[float]):
     """A study over configs/h100.yaml: one setting, a point per rate of ``n_requests``."""
@@ -293,8 +292,8 @@ def test_ctrl_c_on_long_points_takes_effect_at_once(tmp_path, root, where):
 
 
 def test_compiled_work_leaves_the_main_thread_to_wait():
-    """in_worker runs a call from the main thread on a thread of its own (Ctrl-C interrupts only
-    the wait), with its result or its exception; from any other thread, in place."""
+    """in_worker runs a call from the main thread on the main thread's worker (Ctrl-C interrupts
+    only the wait), with its result or its exception; from any other thread, in place."""
     import threading
 
     from fastsim.sweep.backends import in_worker

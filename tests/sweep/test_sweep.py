@@ -34,7 +34,7 @@ def small(tmp_path, root):
     return h100_study(
         tmp_path / "small.yaml",
         root,
-        "engine:\n  prefix_caching: false\n"  # (static and dynamic batching have no prefix cache)
+        "engine:\n  prefix_caching: false\n"  # (the continuous points without it too)
         "workload:\n  n_requests: 2000\n"
         "sweep:\n  engine.policy: [static, dynamic, continuous]\n  engine.max_batch: [16, 64]\n"
         "  workload.rate: [8, 40]\n  engine.max_concurrent: [null, 8]\n",
