@@ -23,7 +23,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    tmp = _temporary(path)
     os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
     try:
         yield tmp
@@ -33,19 +33,41 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         raise
 
 
+TEMPORARY_EXTRA = len("..01234567.tmp")  # bytes a temporary name adds to its file's
+
+
+def _temporary(path: Path) -> Path:
+    """A new temporary name beside ``path`` (:data:`TEMPORARY_EXTRA` bytes longer)."""
+    return path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+
+
 def check_writable(path: str | Path, what: str) -> None:
-    """Refuse, before any work, an output ``path`` that cannot be written: a folder, or below a
-    file or a folder this process may not write in. ``what`` names it (``--out``)."""
+    """Refuse, before any work, an output ``path`` that cannot be written: a folder, below a file,
+    a name longer than the file system takes (with the temporary name it is written under; its
+    lock and checkpoint beside it are shorter), or where this process may not create a file
+    (no permission, a read-only file system: tried with a file created and removed at once).
+    ``what`` names it (``--out``)."""
     from .model.fields import ConfigError
 
     path = Path(path)
-    if path.is_dir():
-        raise ConfigError(f"{what} {path}: is a folder; name a file in it")
-    ancestor = next(p for p in path.absolute().parents if p.exists())  # where the file (or its folder) goes
-    if not ancestor.is_dir():
-        raise ConfigError(f"{what} {path}: {ancestor} is a file, not a folder")
-    if not os.access(ancestor, os.W_OK | os.X_OK):
-        raise ConfigError(f"{what} {path}: cannot write in {ancestor} (permission denied)")
+    try:
+        if path.is_dir():
+            raise ConfigError(f"{what} {path}: is a folder; name a file in it")
+        whole = path.absolute()
+        ancestor = next(p for p in whole.parents if p.exists())  # where the file (or its folder) goes
+        if not ancestor.is_dir():
+            raise ConfigError(f"{what} {path}: {ancestor} is a file, not a folder")
+        *folders, name = whole.relative_to(ancestor).parts  # (a name too long for a folder failed to stat)
+        most = os.pathconf(ancestor, "PC_NAME_MAX")
+        if len(os.fsencode(name)) + TEMPORARY_EXTRA > most:
+            raise ConfigError(f"{what} {path}: file name too long ({len(os.fsencode(name))} bytes, and "
+                              f"{TEMPORARY_EXTRA} more for the temporary name it is written under; the file system "
+                              f"takes {most})")
+        probe = _temporary(ancestor / (name if not folders else "fastsim"))
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(f"{what} {path}: cannot write here ({exc.strerror or exc})") from None
 
 
 def disk_error(path: Path, exc: Exception) -> OSError:

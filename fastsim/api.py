@@ -14,7 +14,8 @@ import numpy as np
 from ._atomic import atomic_path, check_writable
 from .analysis.capacity import RATE, CapacitySearch
 from .analysis.plan import MAX_REPLICAS, REPLICAS, PlanSearch
-from .analysis.simulation import Result, simulate
+from .analysis import simulation
+from .analysis.simulation import Result
 from .analysis.targets import Target, targets_from
 from .engine import checks
 from .model.loading import read_config
@@ -23,7 +24,8 @@ from .sweep import io, memory
 from .sweep.checkpoint import Checkpoint
 from .sweep.files import output_lock
 from .sweep.grid import Grid, build_grid
-from .sweep.runner import Progress, Task, check_scheduler, run_grid
+from .sweep.backends import check_scheduler, in_worker
+from .sweep.runner import Progress, Task, run_grid
 
 # What the command line shows, named here so that it imports nothing else of the package.
 from .analysis.catalog import METRICS  # noqa: F401
@@ -31,9 +33,11 @@ from .analysis.compare import compare, describe_change  # noqa: F401
 from .analysis.measured import describe as describe_run  # noqa: F401
 from .analysis.simulation import drift  # noqa: F401
 from .analysis.plot import figure as plot  # noqa: F401
-from .bench import BenchCheckFailed, bench, cold_start, import_costs, sweep_overhead, traffic_costs  # noqa: F401
+from . import bench as _bench
+from .bench import BenchCheckFailed, cold_start, import_costs, sweep_overhead  # noqa: F401
 from .model.keys import config_keys, default_text, reference_markdown  # noqa: F401
 from .model.loading import parse_override  # noqa: F401
+from .model.fleet import prefix_cache  # noqa: F401
 from .model.hf_config import Approximation, read as model_shape  # noqa: F401
 from .model.presets import DATASHEETS, HARDWARE, MODELS, PRICE_SOURCES  # noqa: F401
 from .model.schema import LARGEST_POOL  # noqa: F401
@@ -44,6 +48,8 @@ from .sweep.summary import (capacity_rows, describe, next_steps, plan_entries, p
 
 if TYPE_CHECKING:
     import xarray as xr
+
+    from .engine.traffic import Traffic
 
 __all__ = ["Result", "calibrate", "capacity", "capacity_to_file", "check_memory", "checkpoint_path", "load_config",
            "plan", "plan_to_file", "simulate", "sweep", "sweep_to_file", "targets", "write_requests"]
@@ -57,6 +63,25 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None, plan:
     config = read_config(path, overrides)
     checks.check(config, plan)
     return config
+
+
+def simulate(config: Config, traffic: Traffic | None = None, checked: bool = False, with_itl: bool = True
+             ) -> Result:
+    """Run one scenario: ``config``'s base values (its ``sweep:`` grid is ignored); see
+    :func:`fastsim.analysis.simulation.simulate`. Called on the main thread, the run goes on a
+    worker thread that it waits for (:func:`fastsim.sweep.backends.in_worker`): Ctrl-C takes
+    effect at once, and never lands in compiled code."""
+    return in_worker(simulation.simulate, config, traffic, checked, with_itl)
+
+
+def bench(*args, **kwargs) -> list:
+    """:func:`fastsim.bench.bench`, off the main thread as :func:`simulate`."""
+    return in_worker(_bench.bench, *args, **kwargs)
+
+
+def traffic_costs(*args, **kwargs) -> dict[str, float]:
+    """:func:`fastsim.bench.traffic_costs`, off the main thread as :func:`simulate`."""
+    return in_worker(_bench.traffic_costs, *args, **kwargs)
 
 
 def check_memory(config: Config, limit: int | None = None) -> None:
@@ -77,9 +102,8 @@ def _fits(grid: Grid, workers: int | None, scheduler: str | None, max_memory: in
     of ``points`` points, and that ``scheduler`` is one; returns the grid."""
     if scheduler is not None:
         check_scheduler(scheduler)
-    largest = grid.base.at({"workload.n_requests": grid.max_requests, "workload.trace": None})
     local = scheduler is None or scheduler == "local"
-    memory.check(largest, (workers or os.cpu_count() or 1) if local else 0, points, max_memory)
+    memory.check(memory.largest(grid), (workers or os.cpu_count() or 1) if local else 0, points, max_memory)
     return grid
 
 
@@ -285,11 +309,15 @@ def calibrate(config: Config, measured: list[str | Path], fit: list[str] | None 
     fitting.fit_keys(fit)  # a bad --fit is named before the files are read
     if out is not None:
         check_writable(out, "--out")
-    runs = read([Path(m) for m in measured], config)
-    keys = fitting.fit_keys(fit, runs)
-    if on_read is not None:
-        on_read(runs)
-    result = fitting.fit(runs, keys, on_evaluation)
+
+    def calibrated():  # simulations: off the main thread, as simulate()
+        runs = read([Path(m) for m in measured], config)
+        keys = fitting.fit_keys(fit, runs)
+        if on_read is not None:
+            on_read(runs)
+        return fitting.fit(runs, keys, on_evaluation)
+
+    result = in_worker(calibrated)
     if out is not None:
         with atomic_path(Path(out)) as tmp:
             tmp.write_text(fitting.calibration_yaml(result))

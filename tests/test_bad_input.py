@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+import xarray as xr
 from typer.testing import CliRunner
 
 from fastsim.cli import app
@@ -136,6 +137,7 @@ FILES |= {
     "vllm_metric_negative.json": _vllm(mean_ttft_ms=-5),
     "vllm_no_metric.json": _vllm(mean_ttft_ms=..., mean_e2el_ms=...),
     "vllm_no_rate.json": _vllm(request_rate=...),
+    "vllm_rate_inf.json": _vllm(request_rate="inf", model_id="meta-llama/Llama-3.1-8B-Instruct"),
     "not_netcdf.nc": "hello",
     "binary.nc": bytes(range(256)) * 4,
     "empty.nc": "",
@@ -169,8 +171,12 @@ for id, value in [("negative", "-5"), ("fraction", "1.5"), ("unit", "3 days"), (
 CACHE = ["--set", "engine.prefix_caching=true"]
 SESSIONS = ["--set", "workload.sessions.turns.max=4"]
 for id, args, names in [
-    ("prefix-caching-static", [*CACHE, "--set", "engine.policy=static"], "engine.prefix_caching"),
-    ("prefix-caching-dynamic", [*CACHE, "--set", "engine.policy=dynamic"], "engine.prefix_caching"),
+    # static and dynamic batching run without the prefix cache they do not have, but not what needs one
+    ("sessions-static", [*CACHE, *SESSIONS, "--set", "engine.policy=static"], "workload.sessions"),
+    ("sessions-dynamic", [*SESSIONS, "--set", "engine.policy=dynamic", "--set", "engine.prefix_caching=false"],
+     "workload.sessions"),
+    ("prefix-aware-static", [*CACHE, "--set", "engine.policy=static", "--set", "fleet.replicas=2",
+                             "--set", "fleet.router=prefix_aware"], "fleet.router"),
     ("prefix-caching-reserve", [*CACHE, "--set", "engine.kv_alloc=reserve"], "engine.kv_alloc"),
     ("prefix-caching-unlimited", [*CACHE, "--set", "hardware.mem_gb=null", "--set", "hardware.preset=null"],
      "engine.prefix_caching"),
@@ -200,6 +206,10 @@ for id, args, names in [
     ("trace-hash-block-0", [*CACHE, "--set", "workload.trace_hash_block=0"], "workload.trace_hash_block"),
 ]:
     case(f"prefix-{id}", ["run", H100, *SMALL, *args], names)
+for policy in ("static", "dynamic"):  # runs, without the prefix cache these have not
+    case(f"prefix-caching-{policy}", ["run", H100, *SMALL, *CACHE, "--set", f"engine.policy={policy}"], may_run=True)
+    case(f"prefix-caching-{policy}-max-memory", ["run", H100, *CACHE, "--set", f"engine.policy={policy}",
+                                                 "--max-memory", "1kB"], "requests need ~")
 for name, names in [("hash_not_list.jsonl", "hash_ids"), ("hash_text_ids.jsonl", "hash_ids"),
                     ("hash_wrong_count.jsonl", "workload.trace_hash_block"), ("hash_not_json.jsonl", "not JSON"),
                     ("hash_no_ids.jsonl", "hash_ids"), ("conv_parent_later.csv", "parent_chat_id"),
@@ -310,6 +320,8 @@ for name, names in [("trace_binary.csv", "UTF-8"), ("trace_utf16.csv", "UTF-8"),
          names)
 
 # --- options
+LONG = "{%s.nc}" % ("x" * 300)  # a file name longer than a file system takes (255 bytes)
+LONGISH = "{%s.nc}" % ("y" * 245)  # one that fits, but not its temporary name
 for command in (["sweep", H100, "--out", "{out.nc}"], ["capacity", H100, "--out", "{out.nc}"],
                 ["plan", PLAN, "--out", "{out.nc}"]):
     name = command[0]
@@ -322,7 +334,8 @@ for command in (["sweep", H100, "--out", "{out.nc}"], ["capacity", H100, "--out"
                           (["--max-memory", "5XB"], "--max-memory"), (["--max-memory", ""], "--max-memory"),
                           (["--max-memory", "nan"], "--max-memory"), (["--max-memory", "1KB"], "allowed"),
                           (["--nope"], "--nope"), (["--out"], "--out"), (["--out", "{blocker}/x.nc"], "blocker"),
-                          (["--out", "{folder}"], "folder")]:
+                          (["--out", "{folder}"], "folder"), (["--out", LONG], "name too long"),
+                          (["--out", LONGISH], "name too long"), (["--out", LONG + "/x.nc"], "name too long")]:
         case(f"option-{name}-{' '.join(option)}", [*command, "-q", *SMALL, *option], names)
 for option, names in [(["--attainment", "2"], "--attainment"), (["--attainment", "-0.5"], "--attainment"),
                       (["--attainment", "nan"], "--attainment"), (["--target", "ttft_p99_s<1"], "ttft_p99_s<1"),
@@ -342,6 +355,8 @@ case("command-unknown", ["simulate"], "simulate")
 case("keys-unknown-section", ["keys", "engines"], "engines")
 case("requests-out-blocked", ["run", REF, "--requests-out", "{blocker}/x.nc"], "blocker")
 case("requests-out-folder", ["run", REF, "--requests-out", "{folder}"], "folder")
+case("requests-out-long", ["run", REF, "--requests-out", LONG], "name too long")
+case("requests-out-longish", ["run", REF, "--requests-out", LONGISH], "name too long")
 
 # --- calibrate
 for name, names in [("measured_binary.csv", "UTF-8"), ("measured_utf16.csv", "UTF-8"),
@@ -366,8 +381,11 @@ for name, names in [("measured_binary.csv", "UTF-8"), ("measured_utf16.csv", "UT
                     ("vllm_no_rate.json", "request_rate"), ("nowhere.csv", "no such file"),
                     ("folder", "folder")]:
     case(f"calibrate-{name}", ["calibrate", H100, "{%s}" % name], names)
+case("calibrate-vllm_rate_inf.json", ["calibrate", H100, "{vllm_rate_inf.json}", "--fit", "calibration.api_overhead_ms",
+                                     "--out", "{fit.yaml}"], may_run=True)  # every request at t = 0
 for option, names in [(["--fit", "nope"], "nope"), (["--fit", ","], "--fit"),
-                      (["--fit", "engine.max_batch"], "engine.max_batch"), (["--out", "{blocker}/x.yaml"], "blocker")]:
+                      (["--fit", "engine.max_batch"], "engine.max_batch"), (["--out", "{blocker}/x.yaml"], "blocker"),
+                      (["--out", LONG.replace(".nc", ".yaml")], "name too long")]:
     case(f"calibrate-option-{' '.join(option)}", ["calibrate", H100, "configs/calibration/vllm-2026-02-h100.csv", *option],
          names)
 
@@ -377,6 +395,10 @@ for name, names in [("not_netcdf.nc", "not_netcdf.nc"), ("binary.nc", "binary.nc
     case(f"compare-{name}", ["compare", "{sweep.nc}", "{%s}" % name], names)
     case(f"plot-{name}", ["plot", "{%s}" % name, "--out", "{fig.png}"], names)
 case("compare-sweep-capacity", ["compare", "{sweep.nc}", "{capacity.nc}"], "")
+case("compare-text-metric", ["compare", "{sweep.nc}", "{text_metric.nc}"], "throughput_tok_s")
+case("compare-text-baseline", ["compare", "{text_metric.nc}", "{sweep.nc}"], "throughput_tok_s")
+case("compare-text-metric-named", ["compare", "{sweep.nc}", "{text_metric.nc}", "--metric", "throughput_tok_s"],
+     "throughput_tok_s")
 case("compare-rtol", ["compare", "{sweep.nc}", "{sweep.nc}", "--rtol", "-1"], "--rtol")
 case("compare-metric", ["compare", "{sweep.nc}", "{sweep.nc}", "--metric", "nope"], "nope")
 for option, names in [(["--x", "rate", "--hue", "rate"], "rate"), (["--x", "nope"], "nope"),
@@ -384,7 +406,8 @@ for option, names in [(["--x", "rate", "--hue", "rate"], "rate"), (["--x", "nope
                       (["--x", "max_batch", "--col", "max_batch"], "max_batch"),
                       (["--sel", "nope=1"], "nope"), (["--sel", "rate"], "rate"), (["--sel", "rate=abc"], "rate"),
                       (["--sel", "rate=999"], "999"), (["--out", "{fig.xyz}"], "xyz"), (["--y", "rate"], "rate"),
-                      (["--out", "{blocker}/fig.png"], "blocker"), (["--out", "{folder}"], "folder")]:
+                      (["--out", "{blocker}/fig.png"], "blocker"), (["--out", "{folder}"], "folder"),
+                      (["--out", LONG.replace(".nc", ".png")], "name too long")]:
     case(f"plot-sweep-{' '.join(option)}", ["plot", "{sweep.nc}", *option], names)
 for option, names in [(["--y", "binding"], "binding"), (["--x", "rate"], "rate")]:
     case(f"plot-capacity-{' '.join(option)}", ["plot", "{capacity.nc}", *option, "--out", "{fig.png}"], names)
@@ -406,6 +429,8 @@ def folder(tmp_path_factory) -> Path:
         assert result.exit_code == 0, result.output
     result = runner.invoke(app, ["run", str(root / REF), "--requests-out", str(tmp / "requests.nc"), *SMALL])
     assert result.exit_code == 0, result.output
+    with xr.open_dataset(tmp / "sweep.nc") as ds:  # a metric that holds numbers as text
+        ds.load().assign(throughput_tok_s=ds.throughput_tok_s.astype(str)).to_netcdf(tmp / "text_metric.nc")
     return tmp
 
 
@@ -429,7 +454,7 @@ def test_bad_input_is_one_line_and_exit_2(args, names, may_run, folder, root):
     if may_run and result.exit_code == 0:
         return
     assert result.exit_code == 2, result.output
-    lines = result.stderr.strip().splitlines()
+    lines = result.stderr.splitlines()  # no empty line either
     assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
     assert "Traceback" not in result.output
     assert names in lines[0], lines[0]

@@ -107,3 +107,18 @@ def test_a_first_run_says_it_compiles_and_a_cached_one_does_not(root, tmp_path):
     again = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
     assert first.stderr.strip() == "compiling kernels, first run only (they are cached for the next) ..."
     assert again.stderr == "" and json.loads(again.stdout) == json.loads(first.stdout)
+
+
+def test_a_run_says_that_static_batching_has_no_prefix_cache(root):
+    """configs/h100.yaml turns the prefix cache on; static batching has none: the run goes without
+    it (as with the key off) and says so in one notice."""
+    args = ["run", str(root / "configs/h100.yaml"), "--set", "engine.policy=static", "--set", "workload.n_requests=500",
+            "--json"]
+    on = CliRunner().invoke(app, args)
+    off = CliRunner().invoke(app, [*args, "--set", "engine.prefix_caching=false"])
+    assert on.exit_code == 0 and off.exit_code == 0, on.output
+    assert on.stdout == off.stdout
+    notices = [line for line in on.stderr.splitlines() if line.startswith("notice:")]
+    assert notices == ["notice: engine.prefix_caching has no effect on static batching (static and dynamic batching "
+                       "have no prefix cache)"]
+    assert "notice:" not in off.stderr

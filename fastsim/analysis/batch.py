@@ -144,6 +144,7 @@ def metric_rows(configs: list[Config]) -> np.ndarray:
     rows = np.empty((len(configs), len(METRICS)))
     drawn, traffic, group = None, None, None
     for r, config in enumerate(configs):
+        config = pools.as_run(config)  # as simulate() runs it
         if traffic_of.key(config) != drawn:
             drawn, traffic = traffic_of.key(config), traffic_of.of(config)
             tokens = traffic.tokens()

@@ -105,9 +105,13 @@ def compare(baseline: Path, candidate: Path, rtol: float = 0.05, metrics: list[s
             raise ConfigError(f"coordinate {dim} differs: baseline {a.tolist()} vs candidate {b.tolist()}")
     names = metrics or [v for v in base.data_vars if direction(v) != 0]
     for name in names:
-        for label, ds in (("baseline", base), ("candidate", cand)):
+        for label, ds, path in (("baseline", base, baseline), ("candidate", cand, candidate)):
             if name not in ds.data_vars:
-                raise ConfigError(f"metric {name!r} is not in the {label} ({baseline if label == 'baseline' else candidate})")
+                raise ConfigError(f"metric {name!r} is not in the {label} ({path})")
+            kind = ds[name].dtype.kind
+            if kind not in "biuf":  # text read as numbers would compare as if nothing were wrong
+                what = "text" if kind in "OSU" else f"{ds[name].dtype} values"
+                raise ConfigError(f"metric {name!r} of the {label} ({path}) holds {what}, not numbers")
         if direction(name) == 0:
             raise ConfigError(f"metric {name!r} has no better direction to compare")
     report = Report(rtol, {}, [], drift)

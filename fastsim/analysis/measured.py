@@ -30,16 +30,22 @@ import numpy as np
 
 from ..engine import checks
 from ..engine.traffic import Traffic, generate, shared
+from ..model import fleet as pools
 from ..model.fields import LARGEST
 from ..model.loading import not_utf8, parse_override
 from ..model.schema import LEAF_KEYS, Config, ConfigError
 from .metrics import METRICS
 
 
+ALL_AT_ONCE = "all at t=0"  # the arrival of a vllm bench run at request_rate inf, as shown
+
+
 @dataclass(frozen=True)
 class Measured:
     source: str  # "runs.csv row 3", "bench.json"
-    settings: dict[str, Any]  # dotted keys over the base config
+    # what it ran with, as shown: dotted keys over the base config (a vllm bench result at
+    # request_rate inf: rate "inf" and arrival ALL_AT_ONCE, every request at t = 0)
+    settings: dict[str, Any]
     config: Config  # the base config with them (checked)
     metrics: dict[str, float]  # measured, fastsim's names and units
     traffic: Traffic | None = None  # the exact requests, when the file gives their lengths
@@ -164,9 +170,11 @@ def read_vllm_json(path: Path, config: Config) -> Measured:
                 "workload.output.max": int(outputs.max()), "workload.trace": None}
     run = _checked(config, settings, str(path))  # the longest request must fit the KV cache
     arrival = np.zeros(n) if at_once else generate(run.workload).arrival_s
-    return Measured(path.name, {k: settings[k] for k in ("workload.n_requests", "workload.rate",
-                                                          "workload.arrival", "workload.burstiness")},
-                    run, measured, shared(run.workload, run.engine.prefix_caching, Traffic(arrival, inputs, outputs)))
+    # what is simulated: at request_rate inf every request comes at t = 0 (the run's rate 1.0 only fills the key)
+    shown = {"workload.n_requests": n, "workload.rate": "inf", "workload.arrival": ALL_AT_ONCE} if at_once else {
+        k: settings[k] for k in ("workload.n_requests", "workload.rate", "workload.arrival", "workload.burstiness")}
+    return Measured(path.name, shown, run, measured,
+                    shared(run.workload, pools.prefix_cache(run), Traffic(arrival, inputs, outputs)))
 
 
 def _words(name: str) -> set[str]:

@@ -122,10 +122,11 @@ def simulate(config: Config, traffic: Traffic | None = None, checked: bool = Fal
     """
     if not checked:
         checks.check(config)
-    traffic = traffic_of.of(config) if traffic is None else traffic
-    checks.steps_fit(config, *traffic.tokens())
-    checks.traffic_fits(config, traffic)
-    out = fleet.run(config, traffic, scratch())  # measured before the next run on this thread
+    run = pools.as_run(config)  # a prefix cache static or dynamic batching do not have is off
+    traffic = traffic_of.of(run) if traffic is None else traffic
+    checks.steps_fit(run, *traffic.tokens())
+    checks.traffic_fits(run, traffic)
+    out = fleet.run(run, traffic, scratch())  # measured before the next run on this thread
     c = traffic.content
     none = (None, None, None)
     return Result(config, measure(config, traffic, out, with_itl), out.arrivals(traffic.arrival_s),

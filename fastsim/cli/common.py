@@ -26,7 +26,8 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from ..api import METRICS, Approximation, Config, ConfigError, ResumeWarning, checkpoint_path, load_config, parse_override, parse_size
+from ..api import (METRICS, Approximation, Config, ConfigError, ResumeWarning, checkpoint_path, load_config,
+                   parse_override, parse_size, prefix_cache)
 
 
 class _OneLineErrors(typer.core.TyperGroup):
@@ -134,6 +135,14 @@ def load(path: Path, sets: list[str] | None, plan: bool = False) -> Config:
     from here on, a kernel compile is announced."""
     _announce_compiles()
     return load_config(path, dict(parse_override(s) for s in sets or []), plan)
+
+
+def notices(config: Config) -> None:
+    """What a command that ran ``config`` says last on stderr about keys that had no effect (after
+    its work: a refusal stays one line)."""
+    if config.engine.prefix_caching and not prefix_cache(config):
+        err.print(f"notice: engine.prefix_caching has no effect on {config.engine.policy} batching (static and "
+                  "dynamic batching have no prefix cache)")
 
 
 _compile_notice: list = []  # the one registered listener, once registered
@@ -257,4 +266,5 @@ def run_to_file(label: str, quiet: bool, destination: Path,
     except OSError as exc:
         raise fail(f"{destination}: {exc.strerror or exc}{kept(destination)}") from None
     finally:
-        bar.stop()
+        if bar.live.is_started:  # (stopped unstarted, it prints an empty line after the error)
+            bar.stop()

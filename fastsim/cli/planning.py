@@ -12,7 +12,7 @@ import typer
 from ..api import LARGEST_POOL
 
 from .common import (AttainmentOpt, ConfigArg, MaxMemoryOpt, QuietOpt, ResumeOpt, SchedulerOpt, SetOpt, TargetOpt,
-                     WorkersOpt, command, err, load, max_memory, out, print_grouped, print_table,
+                     WorkersOpt, command, err, load, max_memory, notices, out, print_grouped, print_table,
                      run_to_file, user_errors)
 
 
@@ -47,6 +47,7 @@ def capacity(
               f"{time.perf_counter() - started:.1f} s)")
     title, headers, rows, labels = capacity_rows(grid, answers, goals)
     print_table(title, headers, rows, left=labels)
+    notices(cfg)
 
 
 @command
@@ -87,9 +88,10 @@ def plan(
               f"{time.perf_counter() - started:.1f} s)")
     if as_json:
         typer.echo(json.dumps(plan_entries(grid, answers)))
-        return
-    title, headers, groups, notes = plan_rows(grid, answers, goals, max_replicas, every)
-    out.print(title)
-    print_grouped(headers, groups)
-    for note in notes:
-        out.print(note)
+    else:
+        title, headers, groups, notes = plan_rows(grid, answers, goals, max_replicas, every)
+        out.print(title)
+        print_grouped(headers, groups)
+        for note in notes:
+            out.print(note)
+    notices(cfg)

@@ -13,7 +13,7 @@ from typing import Annotated, Optional
 import typer
 
 from .common import (ConfigArg, MaxMemoryOpt, QuietOpt, ResumeOpt, SchedulerOpt, SetOpt, WorkersOpt, command, err,
-                     fail, load, max_memory, out, print_table, run_to_file, user_errors)
+                     fail, load, max_memory, notices, out, print_table, run_to_file, user_errors)
 
 OutOpt = Annotated[Optional[Path], typer.Option("--out", help="netCDF output (default: results/<config name>.nc).")]
 
@@ -36,7 +36,10 @@ def run(
         check_memory(cfg, max_memory(max_memory_))
         if requests_out is not None:
             check_writable(requests_out, "--requests-out")
-        result = simulate(cfg)
+        try:
+            result = simulate(cfg)  # on a worker thread: Ctrl-C takes effect at once
+        except KeyboardInterrupt:
+            raise fail("interrupted", 130) from None
     if requests_out is not None:
         try:
             write_requests(result, requests_out)
@@ -45,16 +48,17 @@ def run(
     if as_json:
         clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in result.metrics.items()}
         typer.echo(json.dumps(clean))
-        return
-    rows = [[k, f"{v:.6g}", METRICS[k].units] for k, v in result.metrics.items()]
-    print_table(describe(cfg, result.arrival_s.size), ["metric", "value", "units"], rows)
-    moving = drift(result)
-    if moving:
-        err.print(f"notice: not steady: {moving}: these figures describe a run still changing, not the engine's "
-                  "steady state; run more requests, or leave the start out with workload.warmup")
-    if result.overloaded:
-        err.print("notice: overloaded: the engine falls behind the arrivals (the last fifth of the requests wait "
-                  "far longer for a first token than the first): its latencies grow with workload.n_requests")
+    else:
+        rows = [[k, f"{v:.6g}", METRICS[k].units] for k, v in result.metrics.items()]
+        print_table(describe(cfg, result.arrival_s.size), ["metric", "value", "units"], rows)
+        moving = drift(result)
+        if moving:
+            err.print(f"notice: not steady: {moving}: these figures describe a run still changing, not the engine's "
+                      "steady state; run more requests, or leave the start out with workload.warmup")
+        if result.overloaded:
+            err.print("notice: overloaded: the engine falls behind the arrivals (the last fifth of the requests wait "
+                      "far longer for a first token than the first): its latencies grow with workload.n_requests")
+    notices(cfg)
 
 
 @command
@@ -85,6 +89,7 @@ def sweep(
     note = unsteady(table)
     if note:
         err.print(note, soft_wrap=True)
+    notices(cfg)
     err.print(next_steps(config, target, cfg), soft_wrap=True)
 
 

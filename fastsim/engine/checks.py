@@ -112,20 +112,18 @@ def _steps_are_finite(config: Config, tokens: int, key: Callable[[str], str]) ->
 def _prefix_cache(config: Config) -> None:
     """What prefix caching, system prompts and sessions need."""
     e, w, f = config.engine, config.workload, config.fleet
-    cached = fleet.cached(config)
-    what = "engine.prefix_caching" if e.prefix_caching else "workload.sessions"
-    if e.prefix_caching and e.policy != "continuous":
-        raise ConfigError(f"engine.prefix_caching needs engine.policy continuous (got {e.policy}), as in vLLM: for "
-                          f"{e.policy} batching set engine.prefix_caching=false")
-    off = "; or set engine.prefix_caching=false" if e.prefix_caching else ""
+    if w.sessions is not None and e.policy != "continuous":
+        raise ConfigError(f"workload.sessions needs engine.policy continuous (got {e.policy})")
+    cached = fleet.cached(config)  # static and dynamic batching have no prefix cache: the key is moot there
+    caching = fleet.prefix_cache(config)
+    what = "engine.prefix_caching" if caching else "workload.sessions"
+    off = "; or set engine.prefix_caching=false" if caching else ""
     if cached and e.kv_alloc != "paged":
         raise ConfigError(f"{what} needs engine.kv_alloc paged (got {e.kv_alloc}){off}")
     if cached and kv_blocks(config) is None:
         raise ConfigError(f"{what} needs a KV cache of known size: set hardware.mem_gb (a hardware.preset does) "
                           f"or engine.kv_cache_gb{off}")
     if w.sessions is not None:
-        if e.policy != "continuous":
-            raise ConfigError(f"workload.sessions needs engine.policy continuous (got {e.policy})")
         if w.trace is not None:
             raise ConfigError("workload.sessions: not with a workload.trace (a trace records its own arrivals)")
         if w.rng != "numpy":

@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from .._jit import jit
+from ..model import fleet as pools
 from ..model.cost import kv_blocks
 from ..model.schema import Config, Workload
 from . import content as shares
@@ -59,10 +60,11 @@ def of(config: Config) -> Traffic:
 def key(config: Config) -> tuple:
     """What :func:`of` draws from: configs with equal keys share their traffic."""
     e, w = config.engine, config.workload
+    caching = pools.prefix_cache(config)
     if w.sessions is None:
-        return w, e.prefix_caching and bool(w.prefix_tokens), None
+        return w, caching and bool(w.prefix_tokens), None
     blocks = kv_blocks(config)
-    return w, e.prefix_caching, None if blocks is None else blocks * e.block_tokens
+    return w, caching, None if blocks is None else blocks * e.block_tokens
 
 
 def generate(w: Workload, caching: bool = False, kv_tokens: int | None = None) -> Traffic:

@@ -31,10 +31,34 @@ def with_pools(config: Config, replicas: int, prefill: int | None = None) -> Con
     return config.at(values)
 
 
+def prefix_cache(config: Config) -> bool:
+    """True when the engines cache prefixes: ``engine.prefix_caching`` on continuous batching.
+    Static and dynamic batching have no prefix cache (in vLLM or any engine): there the key has
+    no effect, and a run goes as with it off (:func:`as_run`)."""
+    return config.engine.prefix_caching and config.engine.policy == "continuous"
+
+
+_last_off: tuple = (None, None)  # the engine section as_run last turned the cache off in, and the result
+
+
+def as_run(config: Config) -> Config:
+    """``config`` as its engines run it: ``engine.prefix_caching`` off where it has no effect
+    (:func:`prefix_cache`), so that such a run is, to the bit, the run with it off. Points that
+    share an engine section share the section returned (kernel plans are kept by identity)."""
+    global _last_off
+    e = config.engine
+    if not e.prefix_caching or prefix_cache(config):
+        return config
+    last = _last_off
+    if last[0] is not e:
+        last = _last_off = (e, e.model_copy(update={"prefix_caching": False}))
+    return config.model_copy(update={"engine": last[1]})
+
+
 def cached(config: Config) -> bool:
-    """True when the engines run the prefix-caching loop: prefix caching, or sessions (whose
+    """True when the engines run the prefix-caching loop: a prefix cache, or sessions (whose
     arrivals wait for completions)."""
-    return config.engine.prefix_caching or config.workload.sessions is not None
+    return prefix_cache(config) or config.workload.sessions is not None
 
 
 def kind(config: Config) -> str:

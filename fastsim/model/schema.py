@@ -53,7 +53,8 @@ class Engine(Section):
     kv_cache_gb: float | None = Field(None, gt=0, **Finite, **doc(
         "the KV cache of a replica outright, overriding the memory rule (null: from memory)", "GB"))
     prefix_caching: bool = Field(False, **doc(
-        "cache KV blocks by content and reuse them across requests (vLLM's automatic prefix caching)"))
+        "cache KV blocks by content and reuse them across requests (vLLM's automatic prefix caching); "
+        "continuous batching's: static and dynamic batching have none and run without it"))
     async_scheduling: bool = Field(False, **doc(
         "continuous batching: a step's batch is chosen while the step before it runs (vLLM's "
         "--async-scheduling), so a request arriving at a busy engine joins the step after the next (static "

@@ -12,7 +12,7 @@ import itertools
 import json
 import math
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 from pydantic import BaseModel
@@ -99,6 +99,16 @@ class Grid:
     def config(self, index: int) -> Config:
         return self.config_at(self.indices(index))
 
+    def combinations(self, prefixes: tuple[str, ...]) -> Iterator[tuple[int, ...]]:
+        """The value indices of every combination of the axes whose keys start with one of
+        ``prefixes``, every other axis at its first value."""
+        read = [p for p, key in enumerate(self.keys) if key.startswith(prefixes)]
+        for combo in itertools.product(*(range(len(self.axes[p])) for p in read)):
+            idx = [0] * len(self.keys)
+            for p, j in zip(read, combo):
+                idx[p] = j
+            yield tuple(idx)
+
 
 def axis_label(value: Any) -> str:
     """How an axis value is written in a summary and, for a whole section (a sweep over
@@ -170,13 +180,9 @@ def _check_combinations(grid: Grid) -> None:
     """Run each cross-section check on every combination of the axes it reads (the others at
     their first value)."""
     for prefixes, check in CHECKS:
-        read = [p for p, k in enumerate(grid.keys) if k.startswith(prefixes)]
-        for combo in itertools.product(*(range(len(grid.axes[p])) for p in read)):
-            idx = [0] * len(grid.keys)
-            for p, j in zip(read, combo):
-                idx[p] = j
+        for idx in grid.combinations(prefixes):
             try:
-                check(grid.config_at(tuple(idx)))
+                check(grid.config_at(idx))
             except ConfigError as exc:
-                point = {grid.keys[p]: grid.axes[p][j] for p, j in zip(read, combo)}
+                point = {key: grid.axes[p][idx[p]] for p, key in enumerate(grid.keys) if key.startswith(prefixes)}
                 raise ConfigError(f"sweep point {point}: {exc}") from None

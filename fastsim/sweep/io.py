@@ -23,6 +23,7 @@ from ..analysis import capacity, plan
 from ..analysis.catalog import ANSWERS
 from ..analysis.metrics import INTEGER_METRICS, METRICS
 from ..analysis.simulation import Result
+from ..model import fleet as pools
 from ..model.keys import units
 from ..model.schema import Config, dim_name
 from .._atomic import atomic_path, disk_error
@@ -130,7 +131,22 @@ def sweep_layout(grid: Grid, table: np.ndarray) -> Layout:
         if name in INTEGER_METRICS and np.isfinite(values).all():  # a capacity search can find no rate
             values = values.astype(np.int64)
         data[name] = (dims_, values, {"units": metric.units, "long_name": metric.long_name})
+    data[PREFIX_CACHE] = (dims_, prefix_cache_in_effect(grid), {
+        "units": "1", "long_name": "the point ran with a prefix cache: engine.prefix_caching on continuous batching "
+                                   "(static and dynamic batching have none, whatever the key says)"})
     return Layout(coords, data, _provenance(grid.base))
+
+
+PREFIX_CACHE = "prefix_cache_in_effect"
+
+
+def prefix_cache_in_effect(grid: Grid) -> np.ndarray:
+    """Whether each point of ``grid`` runs with a prefix cache (:func:`fastsim.model.fleet.prefix_cache`),
+    shape ``grid.shape``: read once per combination of the engine's axes, which decide it."""
+    values = np.zeros([n if key.startswith("engine") else 1 for key, n in zip(grid.keys, grid.shape)], dtype=bool)
+    for idx in grid.combinations(("engine",)):
+        values[idx] = pools.prefix_cache(grid.config_at(idx))
+    return np.broadcast_to(values, grid.shape).copy()
 
 
 def requests_layout(result: Result) -> Layout:

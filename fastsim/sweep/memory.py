@@ -16,18 +16,29 @@ from __future__ import annotations
 
 import re
 
+from ..analysis.batch import GROUP_REQUESTS, MAX_REQUESTS
 from ..engine.kernels import RING_MAX
 from ..engine.kernels.prefix import HELD_MOST
 from ..model import fleet
 from ..model.cost import kv_blocks
 from ..model.schema import Config, ConfigError
+from .grid import Grid
 
-# Peak bytes a request, by how the fleet runs; measured (resident memory growth) at 1 M and
-# 10 M requests: one engine 99 (static) to 203 (continuous, serving model), replicas apart 235
-# to 270, a coupled pool 206 to 234, disaggregated 300 (load-aware) to 405 (round robin).
-BYTES_PER_REQUEST = {"one": 256, "apart": 352, "pool": 352, "disaggregated": 512, "cached": 512}
+# Peak bytes a request, by how the fleet runs: the growth of resident memory over one run whose
+# scratch is allocated for it (as a command's run, or a worker's first point), 100 k to 2 M
+# requests, at most: one engine 299 (continuous, serving model; 145 the lesson's),
+# replicas apart 309, a coupled pool 298, disaggregated 468, the prefix cache's loop 460
+# (sessions behind a prefill pool); some 15 % is added.
+BYTES_PER_REQUEST = {"one": 336, "apart": 352, "pool": 352, "disaggregated": 512, "cached": 512}
+# Static and dynamic batching (one engine, or replicas apart: all they run on): at most 131
+# (one engine, 500 k requests; 175 counting the fixed part at 100 k) and 170 (4 replicas).
+BYTES_PER_REQUEST_STATIC = {"one": 160, "apart": 208}
 BYTES_PER_BLOCK = 5 * 8 + 4 * 16  # the prefix cache's arrays per block, and its table (up to 4 slots a block)
-BYTES_PER_RUN = 1 << 20  # calendar (512 KiB at most) and small arrays
+BYTES_PER_RUN = 8 << 20  # calendar (512 KiB at most), small arrays, a thread's start: 2 to 7 MB measured
+# A sweep's points of up to analysis.batch.MAX_REQUESTS requests run many to a compiled call,
+# which holds the traffic of up to GROUP_REQUESTS requests twice (each point's, and joined) and
+# their times: 64 bytes each (measured: 18 MB a worker, with the fixed part).
+BYTES_PER_GROUPED_REQUEST = 3 * 8 + 3 * 8 + 2 * 8
 BYTES_PER_REPLICA = 512  # a pool's per-replica state, beside its calendar (8 bytes a bucket)
 BYTES_PER_POINT = 4 * 8  # per metric of a sweep's table: the table, a checkpoint copy, output
 
@@ -73,7 +84,29 @@ def requests(config: Config) -> int:
 def run_bytes(config: Config) -> int:
     """Peak bytes of simulating ``config`` once (traffic, kernel, metrics; a trace is read once
     per process and its 32 bytes a request are counted among them)."""
-    return requests(config) * BYTES_PER_REQUEST[_kind(config)] + BYTES_PER_RUN + replica_bytes(config)
+    per_request = BYTES_PER_REQUEST if config.engine.policy == "continuous" else BYTES_PER_REQUEST_STATIC
+    return requests(config) * per_request[_kind(config)] + BYTES_PER_RUN + replica_bytes(config)
+
+
+# The axes that change what a run needs beside its requests: the policy, how the fleet runs,
+# its pools, the prefix cache and what requests share, the KV cache, the longest output.
+KEYS = ("engine", "fleet", "hardware", "model", "workload.sessions", "workload.system_prompts",
+        "workload.prefix_tokens", "workload.output")
+
+
+def largest(grid: Grid) -> Config:
+    """The point of ``grid`` that needs the most memory: the most requests any point simulates,
+    on the combination of the :data:`KEYS` axes whose run needs most (as many as the checks that
+    span sections read)."""
+    most = {"workload.n_requests": grid.max_requests, "workload.trace": None}
+    return max((grid.config_at(idx).at(most) for idx in grid.combinations(KEYS)), key=run_bytes)
+
+
+def point_bytes(config: Config) -> int:
+    """Peak bytes of a sweep's worker running points like ``config``: its run, or for small
+    points the compiled call that runs many (:mod:`fastsim.analysis.batch`)."""
+    grouped = BYTES_PER_RUN + GROUP_REQUESTS * BYTES_PER_GROUPED_REQUEST if requests(config) <= MAX_REQUESTS else 0
+    return max(run_bytes(config), grouped)
 
 
 def _kind(config: Config) -> str:
@@ -85,7 +118,7 @@ def _kind(config: Config) -> str:
     if how == "disaggregated" and w.sessions is not None:
         return "cached"  # both pools in the cache's loop: a turn waits on the decode pool
     shares = (w.sessions is not None or w.system_prompts is not None
-              or (config.engine.prefix_caching and (bool(w.prefix_tokens) or w.trace is not None)))
+              or (fleet.prefix_cache(config) and (bool(w.prefix_tokens) or w.trace is not None)))
     if how == "cached" and not shares:
         return "one" if config.fleet.replicas == 1 else "pool"
     return how
@@ -108,12 +141,13 @@ def replica_bytes(config: Config) -> int:
 def check(config: Config, concurrent_runs: int = 1, points: int = 0, limit: int | None = None) -> None:
     """Refuse (``ConfigError`` naming the key that drives the size) when ``concurrent_runs``
     simulations of ``config`` plus a sweep table of ``points`` points need more than ``limit``
-    bytes (default: what the system has available)."""
+    bytes (default: what the system has available). With ``points``, the runs are a sweep's
+    (:func:`point_bytes`)."""
     from ..analysis.metrics import METRICS
 
     allowed = "allowed" if limit is not None else "available"
     limit = available_bytes() if limit is None else limit
-    each = run_bytes(config)
+    each = point_bytes(config) if points else run_bytes(config)
     runs = concurrent_runs * each
     table = points * len(METRICS) * BYTES_PER_POINT
     if runs + table <= limit:

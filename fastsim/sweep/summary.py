@@ -17,6 +17,7 @@ import numpy as np
 
 from ..analysis.metrics import METRICS
 from ..analysis import capacity, plan
+from ..model import fleet as pools
 from ..model.schema import Config, dim_name
 from .grid import Grid, axis_label
 
@@ -99,7 +100,7 @@ def describe(config: Config, n_requests: int) -> str:
     kv = "KV unlimited" if blocks is None else f"KV {blocks * e.block_tokens:,} tokens"
     budget = "" if e.max_batched_tokens is None else f", budget {e.max_batched_tokens:,} tokens"
     engine = f"{e.policy} batching, max_batch {e.max_batch}, limit {e.limit}{budget}, {kv}"
-    if e.prefix_caching:
+    if pools.prefix_cache(config):
         engine += ", prefix cache"
     if f.replicas > 1 or f.prefill_replicas:
         pool = f"{f.prefill_replicas} prefill + {f.replicas} decode replicas" if f.prefill_replicas else (

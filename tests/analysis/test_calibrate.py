@@ -133,6 +133,22 @@ def test_vllm_bench_results_calibrate_and_predict_a_fourth_rate(tmp_path):
         assert got[name] == pytest.approx(want[name], rel=rel), name  # three runs barely pin the jitter
 
 
+def test_a_result_sent_all_at_once_says_so(tmp_path):
+    """request_rate inf: every request is simulated at t = 0, and the table and the JSON say
+    that, not the rate and arrival process that only fill the config's keys."""
+    bench = tmp_path / "bench-inf.json"
+    vllm_result(bench, "inf", lengths(3, 200))
+    args = ["calibrate", BASE, bench, "--set", "model.preset=llama-2-7b", "--set", "engine.tp=1",
+            "--set", "engine.async_scheduling=false", "--fit", "calibration.api_overhead_ms", "--out",
+            tmp_path / "fit.yaml"]
+    table = invoke(*args)
+    assert table.exit_code == 0, table.output
+    assert "bench-inf.json: n_requests 200, rate inf, arrival all at t=0" in table.stdout
+    fit = json.loads(invoke(*args, "--json").stdout)
+    assert fit["runs"][0]["settings"] == {"workload.n_requests": 200, "workload.rate": "inf",
+                                          "workload.arrival": "all at t=0"}
+
+
 BAD = [
     ("runs.csv", "model.preset,workload.rate,latency_s\nllama-2-7b,8,1\n",
      "runs.csv: column 'latency_s' is neither a config key (such as workload.rate) nor a fastsim metric"),

@@ -518,3 +518,22 @@ def test_a_sweep_sets_keys_inside_the_sessions_and_system_prompts(root, tmp_path
     both = CliRunner().invoke(app, ["sweep", str(study), "--out", str(out), "--set",
                                     'sweep={"workload.sessions": [null], "workload.sessions.turns.max": [3]}'])
     assert both.exit_code == 2 and "a section is swept whole or by its keys, not both" in both.stderr
+
+
+@pytest.mark.parametrize("policy", ["static", "dynamic"])
+@pytest.mark.parametrize("shares", [{}, {"workload.prefix_tokens": 200},
+                                    {"workload.system_prompts": {"count": 4, "tokens": 300}},
+                                    {"fleet.replicas": 2, "fleet.router": "random"}],
+                         ids=["nothing", "prefix", "system-prompts", "replicas"])
+def test_static_and_dynamic_batching_run_without_the_prefix_cache_they_do_not_have(root, policy, shares):
+    """engine.prefix_caching on a policy without a prefix cache (configs/h100.yaml's, say) runs,
+    to the bit, as with it off: no hit rate, a shared prefix pinned as without a cache."""
+    def run(caching: bool):
+        return simulate(load_config(root / "configs/h100.yaml", {
+            "engine.policy": policy, "engine.prefix_caching": caching, "workload.n_requests": 2000, **shares}))
+
+    on, off = run(True), run(False)
+    assert on.metrics.keys() == off.metrics.keys() and math.isnan(on.metrics["prefix_hit_rate"])
+    assert all(a == b or (math.isnan(a) and math.isnan(b)) for a, b in zip(on.metrics.values(), off.metrics.values()))
+    assert np.array_equal(on.first_token_s, off.first_token_s) and np.array_equal(on.done_s, off.done_s)
+    assert on.config.engine.prefix_caching  # the result keeps the config as given

@@ -225,6 +225,27 @@ def test_other_outputs_on_a_full_disk(study, tiny_disk, tmp_path, root, option):
     assert sorted(p.name for p in tiny_disk.iterdir()) == ["filler"]  # no partial file left
 
 
+def test_outputs_on_a_read_only_file_system_are_refused_before_any_work(study, tmp_path, root):
+    """Every command that writes a file refuses, naming it, one that cannot be created there."""
+    mount = tmp_path / "ro"
+    mount.mkdir()
+    if sys.platform != "linux" or os.geteuid() != 0 or not shutil.which("mount"):
+        pytest.skip("mounting a read-only tmpfs needs root on Linux")
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(mount)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        for args in (["sweep", study, "--out", mount / "a.nc"], ["capacity", study, "--out", mount / "new" / "a.nc"],
+                     ["run", study, "--requests-out", mount / "r.nc"],
+                     ["calibrate", root / "configs/h100.yaml", root / "configs/calibration/vllm-2026-02-h100.csv",
+                      "--out", mount / "c.yaml"]):
+            result = CliRunner().invoke(app, [str(a) for a in args])
+            assert result.exit_code == 2, result.output
+            assert result.stderr.strip().splitlines() == [f"error: {args[-2]} {args[-1]}: cannot write here "
+                                                           "(Read-only file system)"]
+    finally:
+        subprocess.run(["umount", "--lazy", str(mount)], check=False)
+
+
 # --- interrupts
 
 def load_sweep(tmp_path, root, n_requests: int, rates: list[float]):
@@ -268,6 +289,62 @@ def test_ctrl_c_on_long_points_takes_effect_at_once(tmp_path, root, where):
     assert took < 1.0, took  # a point of 4 M requests takes over a second: it was not waited for
     kept = (partial.stat().st_size - Checkpoint.HEADER_BYTES) // record_size()
     assert 1 <= kept < 4
+
+
+def test_compiled_work_leaves_the_main_thread_to_wait():
+    """in_worker runs a call from the main thread on the main thread's worker (Ctrl-C interrupts
+    only the wait), with its result or its exception; from any other thread, in place."""
+    import threading
+
+    from fastsim.sweep.backends import in_worker
+
+    where = []
+
+    def record() -> int:
+        where.append(threading.current_thread())
+        return 7
+
+    assert in_worker(record) == 7 and where[-1] is not threading.main_thread()
+    with pytest.raises(ZeroDivisionError):
+        in_worker(lambda: 1 / 0)
+    other = threading.Thread(target=in_worker, args=(record,))
+    other.start()
+    other.join()
+    assert where[-1] is other
+
+
+def _loading_numpy(pid: int) -> bool:
+    """The process has begun loading NumPy: fastsim's own code runs (Python's start-up is over)."""
+    try:
+        return "_multiarray_umath" in open(f"/proc/{pid}/maps").read()
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+@pytest.mark.parametrize("after_s", [0.0, 0.5, 2.0], ids=["loading", "starting", "simulating"])
+def test_ctrl_c_ends_one_long_run_at_once_and_cleanly(root, after_s):
+    """A run of 8 M requests (seconds of kernel, which cannot be interrupted): Ctrl-C, at a
+    moment of its start-up or of its simulation, ends it at once with exit code 130 and one
+    line, never a crash (it once segfaulted: KeyboardInterrupt landed in the Python that compiled
+    code calls back). tests/stress_interrupt.py sends 200 at random moments."""
+    cmd = [sys.executable, "-X", "faulthandler", "-m", "fastsim", "run", str(root / "configs/h100.yaml"),
+           "--set", "workload.n_requests=8000000", "--json"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not _loading_numpy(proc.pid):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+        time.sleep(0.001)
+    time.sleep(after_s)
+    assert proc.poll() is None, "the run ended before its interrupt"
+    os.killpg(proc.pid, signal.SIGINT)
+    sent = time.monotonic()
+    _, stderr = proc.communicate(timeout=60)
+    took = time.monotonic() - sent
+    said = [line for line in stderr.strip().splitlines() if not line.startswith("compiling kernels")]
+    assert proc.returncode == 130 and said == ["error: interrupted"], stderr
+    assert took < 3.0, took  # ~0.05 s; generous for a loaded machine
 
 
 def test_forked_workers_end_quietly_when_their_parent_is_killed(tmp_path, root):

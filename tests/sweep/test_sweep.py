@@ -34,7 +34,7 @@ def small(tmp_path, root):
     return h100_study(
         tmp_path / "small.yaml",
         root,
-        "engine:\n  prefix_caching: false\n"  # (static and dynamic batching have no prefix cache)
+        "engine:\n  prefix_caching: false\n"  # (the continuous points without it too)
         "workload:\n  n_requests: 2000\n"
         "sweep:\n  engine.policy: [static, dynamic, continuous]\n  engine.max_batch: [16, 64]\n"
         "  workload.rate: [8, 40]\n  engine.max_concurrent: [null, 8]\n",
@@ -45,16 +45,40 @@ def sweep_cli(*args):
     return CliRunner().invoke(app, ["sweep", *map(str, args), "--quiet"])
 
 
+def test_the_policies_compared_on_configs_h100_say_where_the_prefix_cache_was(root, tmp_path):
+    """The lesson's comparison on the planner's config, whose prefix cache is on: static and
+    dynamic batching run without one, as with it off, and the dataset says which points had it."""
+    grid = ["--set", "sweep.engine.policy=[static,dynamic,continuous]", "--set", "sweep.workload.rate=[8,40]",
+            "--set", "sweep.engine.max_batch=[64]", "--set", "sweep.engine.max_batched_tokens=[8192]",
+            "--set", "workload.n_requests=1000", "--workers", "1"]
+    on, off = tmp_path / "on.nc", tmp_path / "off.nc"
+    result = sweep_cli(root / "configs/h100.yaml", *grid, "--out", on)
+    assert result.exit_code == 0, result.output
+    assert sweep_cli(root / "configs/h100.yaml", *grid, "--set", "engine.prefix_caching=false", "--out",
+                     off).exit_code == 0
+    with xr.open_dataset(on) as a, xr.open_dataset(off) as b:
+        used = a.prefix_cache_in_effect
+        assert used.dtype == bool and used.dims == a.throughput_tok_s.dims
+        others = [d for d in used.dims if d != "policy"]
+        assert used.any(others).values.tolist() == used.all(others).values.tolist() == [False, False, True]
+        assert not b.prefix_cache_in_effect.any()
+        without = a.drop_vars("prefix_cache_in_effect").sel(policy=["static", "dynamic"])
+        xr.testing.assert_equal(without, b.drop_vars("prefix_cache_in_effect").sel(policy=["static", "dynamic"]))
+
+
 def test_dataset_is_labelled(small, tmp_path):
     out = tmp_path / "res.nc"
     result = sweep_cli(small, "--workers", "1", "--out", out)
     assert result.exit_code == 0, result.output
     with xr.open_dataset(out) as ds:
         assert list(ds.throughput_tok_s.dims) == ["policy", "max_batch", "rate", "max_concurrent"]
-        assert list(ds.data_vars) == list(METRICS)
+        assert list(ds.data_vars) == [*METRICS, "prefix_cache_in_effect"]
         for name, metric in METRICS.items():
             units, long_name = metric.units, metric.long_name
             assert ds[name].attrs == {"units": units, "long_name": long_name}
+        assert ds.prefix_cache_in_effect.dims == ds.throughput_tok_s.dims
+        assert ds.prefix_cache_in_effect.attrs["units"] == "1" and ds.prefix_cache_in_effect.attrs["long_name"]
+        assert not ds.prefix_cache_in_effect.any()  # engine.prefix_caching: false
         assert ds.rate.attrs["units"] == "requests/s"
         assert ds.policy.values.tolist() == ["static", "dynamic", "continuous"]
         assert np.isnan(ds.max_concurrent.values[0]) and ds.max_concurrent.values[1] == 8
@@ -198,7 +222,7 @@ def test_ctrl_c_stops_cleanly_and_keeps_progress(study, request, tmp_path):
 
 
 def test_small_points_in_worker_processes_give_the_same_table(root, tmp_path, monkeypatch):
-    from fastsim.sweep import runner
+    from fastsim.sweep import backends, runner
     from fastsim.sweep.grid import build_grid
 
     config = load_config(h100_study(tmp_path / "few.yaml", root,
@@ -206,15 +230,15 @@ def test_small_points_in_worker_processes_give_the_same_table(root, tmp_path, mo
                                     "  workload.rate: [4, 30]\n"))
     grid = build_grid(config)
     alone = runner.run_grid(grid, workers=1)
-    original, used = runner._processes, []
+    original, used = backends.processes, []
 
     def spy(*args):
         used.append(args)
         return original(*args)
 
     monkeypatch.setattr(runner, "MIN_SECONDS_FOR_PROCESSES", 0.0)
-    monkeypatch.setattr(runner, "_can_fork", lambda: True)  # earlier tests leave Dask's threads behind
-    monkeypatch.setattr(runner, "_processes", spy)
+    monkeypatch.setattr(backends, "can_fork", lambda: True)  # earlier tests leave Dask's threads behind
+    monkeypatch.setattr(backends, "processes", spy)
     forked = runner.run_grid(grid, workers=2)
     assert used and np.array_equal(alone, forked, equal_nan=True)
 
