@@ -107,6 +107,30 @@ FLEETS = (
     ("fleet (8 x h100)", {"fleet.replicas": 8, "fleet.router": "least_outstanding"}),
     ("fleet (2P + 6D h100)", {"fleet.replicas": 6, "fleet.prefill_replicas": 2}),
 )
+# configs/chat-fleet.yaml's workload and fleet (its base values, without its warm-up: speed, not
+# steady state; tests/test_cli.py keeps the two in step): 4 replicas behind each router, and the
+# same sessions on 2 prefill + 2 decode replicas.
+CHAT = {
+    "engine.prefix_caching": True,
+    "fleet.replicas": 4,
+    "fleet.router": "prefix_aware",
+    "fleet.prefix_weight": 64,
+    "workload.rate": 10.0,
+    "workload.prompt": {"dist": "lognormal", "mu": 7.3, "sigma": 0.5, "min": 1001, "max": 8000},
+    "workload.output": {"dist": "lognormal", "mu": 5.0, "sigma": 0.9, "min": 1, "max": 1500},
+    "workload.system_prompts": {"count": 8, "tokens": 1000, "popularity": "zipf"},
+    "workload.sessions": {"turns": {"dist": "uniform", "min": 2, "max": 10},
+                          "followup": {"dist": "lognormal", "mu": 5.0, "sigma": 0.8, "min": 1, "max": 2000},
+                          "think_s": {"dist": "exponential", "mean": 10}},
+    "slo.ttft_s": 0.5,
+    "slo.tpot_s": 0.05,
+}
+CHAT_FLEETS = (
+    ("chat fleet (4 x h100)", {"fleet.router": "prefix_aware"}),
+    ("chat fleet (4 x h100)", {"fleet.router": "round_robin"}),
+    ("chat fleet (4 x h100)", {"fleet.router": "least_outstanding"}),
+    ("chat fleet (2P + 2D h100)", {"fleet.router": "prefix_aware", "fleet.replicas": 2, "fleet.prefill_replicas": 2}),
+)
 
 
 def _case(model: str, config: Config, repeats: int, n_requests: int, rows: list, traffic_cache: dict) -> None:
@@ -137,7 +161,8 @@ def bench(
     fleets: bool = True,
 ) -> list[BenchRow]:
     """Time every policy at every rate on the lesson's model, then continuous batching on the
-    serving model (configs/h100.yaml's scenario), then fleets of it (:data:`FLEETS`); raises
+    serving model (configs/h100.yaml's scenario), then fleets of it (:data:`FLEETS`), then
+    configs/chat-fleet.yaml's sessions behind each router (:data:`CHAT_FLEETS`); raises
     :class:`BenchCheckFailed` on a wrong result. Each stage (traffic, simulation, metrics) is
     timed ``repeats`` times, the fastest kept.
     """
@@ -157,6 +182,9 @@ def bench(
         for model, values in FLEETS:
             config = Config().with_values({**SERVING, **values, "workload.rate": FLEET_RATE,
                                            "workload.n_requests": n_requests})
+            _case(model, config, repeats, n_requests, rows, cache)
+        for model, values in CHAT_FLEETS:
+            config = Config().with_values({**SERVING, **CHAT, **values, "workload.n_requests": n_requests})
             _case(model, config, repeats, n_requests, rows, cache)
     return rows
 

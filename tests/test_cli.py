@@ -69,6 +69,8 @@ def test_bench_runs_and_checks():
     assert sum(line.split()[:3] == ["serving", "(h100)", "continuous"] for line in lines) == 3  # light to moderate
     routers = [re.search(r"\) +(\w+)", line)[1] for line in lines if line.startswith(" fleet (")]
     assert routers == ["round_robin", "least_outstanding", "round_robin"]  # 8 replicas twice, then 2P + 6D
+    chat = [re.search(r"\) +(\w+)", line)[1] for line in lines if line.startswith(" chat fleet (")]
+    assert chat == ["prefix_aware", "round_robin", "least_outstanding", "prefix_aware"]  # 4 replicas, then 2P + 2D
     assert "first call" in result.stdout and "sweep overhead: 400 points" in result.stdout
 
 
@@ -78,6 +80,15 @@ def test_bench_serving_scenario_is_configs_h100(root):
     h100 = load_config(root / "configs/h100.yaml")
     assert Config().with_values(SERVING).model_dump() == h100.with_values(
         {"workload.n_requests": 3000, "workload.rate": 8, "workload.seed": 7}).model_copy(
+        update={"sweep": {}, "description": ""}).model_dump()
+
+
+def test_bench_chat_fleet_is_configs_chat_fleet(root):
+    from fastsim.bench import CHAT, SERVING
+
+    chat = load_config(root / "configs/chat-fleet.yaml")
+    assert Config().with_values({**SERVING, **CHAT}).model_dump() == chat.with_values(
+        {"workload.n_requests": 3000, "workload.seed": 7, "workload.warmup": 0}).model_copy(
         update={"sweep": {}, "description": ""}).model_dump()
 
 

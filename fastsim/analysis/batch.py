@@ -17,7 +17,7 @@ import numpy as np
 from .._jit import inline, jit
 from ..engine.checks import steps_fit
 from ..engine.kernels import RUNS_PER_REQUEST, Plan, kv_totals, longest_output, one_engine
-from ..engine import traffic as traffic_of
+from ..engine import paths, traffic as traffic_of
 from ..engine.traffic import Traffic
 from ..model import fleet as pools
 from ..model.schema import Config
@@ -41,7 +41,7 @@ def _points(kernel, plan, api_s, requests, room, objectives, rows):
     max_batch, bounds, has_slo, gpus, usd_per_hour, with_itl = objectives
     token_1 = np.empty(0)
     no_cache = np.empty(0, np.int64)  # (nothing shared: no hit drifts)
-    k, blocks = plan[2], plan[4]
+    k, blocks = plan.k, plan.blocks
     finished = np.zeros(starts.size - 1, np.bool_)
     for i in range(starts.size - 1):
         a, b = starts[i], starts[i + 1]
@@ -130,14 +130,6 @@ class _Group:
             rows[r] = row if ok else list(simulate(config, t, checked=True).metrics.values())
 
 
-def _one_engine(config: Config, traffic: Traffic) -> bool:
-    """One engine on the one-engine kernels: also with a prefix cache over requests that share
-    nothing (:func:`fastsim.engine.fleet.run`)."""
-    kind = pools.kind(config)
-    return traffic.warmup == 0 and (kind == "one" or (kind == "cached" and config.fleet.replicas == 1
-                                                      and traffic.content is None))
-
-
 def metric_rows(configs: list[Config]) -> np.ndarray:
     """Each config's metrics (:data:`METRICS` order), as :func:`fastsim.simulate` gives them; the
     configs were checked. Consecutive configs with the same workload share one draw of traffic."""
@@ -149,7 +141,7 @@ def metric_rows(configs: list[Config]) -> np.ndarray:
             drawn, traffic = traffic_of.key(config), traffic_of.of(config)
             tokens = traffic.tokens()
         n = len(traffic)
-        if not _one_engine(config, traffic) or n > MAX_REQUESTS or config.calibration.stall_rate_hz:
+        if not paths.batchable(config, traffic.content is not None, traffic.warmup) or n > MAX_REQUESTS or config.calibration.stall_rate_hz:
             rows[r] = list(simulate(config, traffic, checked=True).metrics.values())  # checks its steps
             continue
         steps_fit(config, *tokens)

@@ -3,8 +3,8 @@ a router, optionally with a prefill pool in front. The driver folds each pool in
 plan once, routes, runs the pools and pools their outcomes into one (counters summed, latencies
 over every request, the step runs of every replica for the inter-token latencies).
 
-Every continuous-batching run is the serving loop's (:mod:`.kernels.serve`), in one of its
-shapes (:mod:`.kernels._shape`):
+Which loop runs each pool is :mod:`.paths`'s to say; every continuous-batching run is the
+serving loop's (:mod:`.kernels.serve`), in one of its shapes (:mod:`.kernels._shape`):
 
 - One replica and no prefill pool is the single engine (:func:`fastsim.engine.kernels.run`).
 - A static router (round robin, random) decides from the request alone: each replica runs its
@@ -32,7 +32,7 @@ from ..model import fleet as pools
 from ..model.routers import ROUTERS
 from ..model.schema import Config
 from . import content as shares
-from . import link, router, stalls
+from . import link, paths, router, stalls
 from .kernels import (FULL_COLUMNS, Outcome, Plan, Scratch, longest_output, outcome, run_engine, with_api,
                       with_room)
 from .kernels import prefix
@@ -77,16 +77,17 @@ def _apart(where: np.ndarray, replicas: int, k: np.ndarray, one) -> Outcome | No
     return merged
 
 
-def _pool(p: Plan, name: str, replicas: int, arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray,
-          draws: np.ndarray, scratch: Scratch | None, token_1: np.ndarray = np.empty(0)) -> Outcome:
-    """``replicas`` replicas of plan ``p`` behind router ``name``, on requests in routing order
-    (``arrival`` non-decreasing); engine times. ``draws``: the random router's replica per request."""
-    how = ROUTERS[name]
+def _pool(p: Plan, loop: str, name: str, replicas: int, arrival: np.ndarray, prompt: np.ndarray,
+          output: np.ndarray, draws: np.ndarray, scratch: Scratch | None, token_1: np.ndarray = np.empty(0)) -> Outcome:
+    """``replicas`` replicas of plan ``p`` behind router ``name`` on ``loop`` (:mod:`.paths`:
+    each apart on the one-engine kernels, or one run of the serving loop), on requests in routing
+    order (``arrival`` non-decreasing); engine times. ``draws``: the random router's replica per
+    request."""
     n = arrival.size
     if n == 0:  # every output was one token: the decode pool has nothing to do
         return Outcome(np.empty(0), np.empty(0), 0, 0, 0, 0, 0, 0, float("nan"), np.empty((0, FULL_COLUMNS), np.int64),
                        np.empty(0), p.k, np.empty(0, np.int32))
-    if not how.load_aware:
+    if loop == paths.ENGINE:
         return _apart(router.assign(name, replicas, draws), replicas, p.k, lambda ids: run_engine(
             p, arrival[ids], prompt[ids], output[ids], scratch, token_1[ids] if token_1.size else token_1))
     return _served_pool(p, name, replicas, arrival, prompt, output, draws, scratch, token_1)
@@ -124,44 +125,30 @@ def _counters(got: tuple) -> tuple[tuple, tuple, bool]:
 
 
 def run(config: Config, traffic: Traffic, scratch: Scratch | None = None) -> Outcome:
-    """Simulate ``traffic`` on the fleet ``config`` describes (client times: the engines' stalls,
-    then the API overhead). With ``scratch``, the outcome's step runs may live in it: valid until
-    the next run that uses it."""
+    """Simulate ``traffic`` on the fleet ``config`` describes, on the path :mod:`.paths` names
+    (client times: the engines' stalls, then the API overhead). With ``scratch``, the outcome's
+    step runs may live in it: valid until the next run that uses it."""
     f = config.fleet
-    kind = pools.kind(config)
-    plan = Plan.of(config, longest_output(config, traffic), prefix=kind != "disaggregated")
-    arrival, prompt, output = traffic.arrival_s, traffic.prompt_tokens, traffic.output_tokens
+    arrival, prompt, output, content = traffic.arrival_s, traffic.prompt_tokens, traffic.output_tokens, traffic.content
+    tree = None if content is None else shares.chat_tree(content, prompt, output)
+    closed = content is not None and content.closed_loop
+    path = paths.of(config, content is not None, tree is not None, closed)
+    plan = Plan.of(config, longest_output(config, traffic), prefix=path.fleet != "disaggregated")
     draws = routes(config.workload, len(traffic), f.replicas, 0) if ROUTERS[f.router].draws else np.empty(
         len(traffic), np.int64)
-    if kind == "one":  # the single engine, to the bit
+    if path.fleet == "disaggregated":
+        out = _disaggregated(config, plan, traffic, tree, path, draws, scratch)
+    elif path.shares:
+        out = _shared(config, plan, traffic, tree, draws, scratch)
+        out = dataclasses.replace(out, replica=None) if f.replicas == 1 else out  # one engine's, as always
+    elif f.replicas == 1:  # the single engine, to the bit
         out = run_engine(plan, arrival, prompt, output, scratch)
-    elif kind == "cached":
-        if traffic.content is None:
-            out = _unshared(plan, f.router, f.replicas, traffic, draws, scratch)
-        else:
-            out = _shared(config, plan, traffic, draws, scratch)
-            out = dataclasses.replace(out, replica=None) if f.replicas == 1 else out  # one engine's, as always
-    elif kind != "disaggregated":  # replicas apart or a coupled pool: the router decides
-        out = _pool(plan, f.router, f.replicas, arrival, prompt, output, draws, scratch)
-    else:
-        out = _disaggregated(config, plan, traffic, draws, scratch)
+    else:  # replicas apart or a coupled pool: the router decides
+        out = _pool(plan, path.loop, path.router, f.replicas, arrival, prompt, output, draws, scratch)
+    if path.fleet == "cached" and not path.shares and pools.prefix_cache(config):
+        out = _no_hits(out)  # a cache over requests that share nothing (the plan's REHIT counts re-admissions)
     stalls.apply(config, out.arrivals(arrival), out.first_token_s, out.done_s, out.replica, out.prefill_replica)
     return with_api(out, config.calibration.api_overhead_ms / 1000)
-
-
-def _unshared(p: Plan, router: str, replicas: int, traffic: Traffic, draws: np.ndarray, scratch: Scratch | None
-              ) -> Outcome:
-    """A prefix cache over requests that share nothing hits only a request's own blocks, when it
-    is admitted again after a preemption: the KV counters model that (the plan's REHIT), and
-    otherwise run as without the cache (prefix-aware routing is then least_kv: every replica
-    would miss the whole prompt)."""
-    arrival, prompt, output = traffic.arrival_s, traffic.prompt_tokens, traffic.output_tokens
-    if replicas == 1:
-        out = run_engine(p, arrival, prompt, output, scratch)
-    else:
-        out = _pool(p, "least_kv" if router == "prefix_aware" else router, replicas, arrival, prompt, output, draws,
-                    scratch)
-    return _no_hits(out)
 
 
 def _no_hits(out: Outcome) -> Outcome:
@@ -170,15 +157,17 @@ def _no_hits(out: Outcome) -> Outcome:
     return dataclasses.replace(out, cached_tokens=np.zeros(len(out.done_s), np.int64), prefix_hit_rate=0.0)
 
 
-def _shared(config: Config, p: Plan, traffic: Traffic, draws: np.ndarray, scratch: Scratch | None,
-            output: np.ndarray | None = None, prefill: tuple[Plan, np.ndarray] | None = None) -> Outcome:
+def _shared(config: Config, p: Plan, traffic: Traffic, tree: tuple | None, draws: np.ndarray,
+            scratch: Scratch | None, output: np.ndarray | None = None,
+            prefill: tuple[Plan, np.ndarray] | None = None) -> Outcome:
     """Requests that share content (system prompts, sessions, a trace's records) on ``p``'s
-    replicas (engine times); ``output``: the outputs they run (ones on a prefill pool run alone).
-    With ``prefill`` (the prefill replicas' plan and their random router's draws), the replicas
-    decode behind a prefill pool in the same loop (sessions: a turn waits on the decode pool).
-    System prompts and sessions run on :mod:`.kernels.serve` (the prefix cache as runs of blocks);
-    a trace's records on the block-by-block loop (:mod:`.kernels.prefix`)."""
-    tree = shares.chat_tree(traffic.content, traffic.prompt_tokens, traffic.output_tokens)
+    replicas (engine times); ``tree``: their chat tree (:func:`.content.chat_tree`; None: a
+    trace's recorded sharing); ``output``: the outputs they run (ones on a prefill pool run
+    alone). With ``prefill`` (the prefill replicas' plan and their random router's draws), the
+    replicas decode behind a prefill pool in the same loop (sessions: a turn waits on the decode
+    pool). A chat tree runs on :mod:`.kernels.serve` (the prefix cache as runs of blocks); a
+    trace's records, and a run the serving loop stops, on the block-by-block loop
+    (:mod:`.kernels.prefix`)."""
     output = traffic.output_tokens if output is None else output
     out = None if tree is None else _served(config, p, traffic, tree, draws, scratch, output, prefill)
     if out is None:
@@ -306,8 +295,8 @@ def _joined(pre: Outcome, dec: Outcome, first: np.ndarray, done: np.ndarray, rep
                    cached_tokens=pre.cached_tokens, prefix_hit_rate=pre.prefix_hit_rate)
 
 
-def _disaggregated(config: Config, plan: Plan, traffic: Traffic, draws: np.ndarray, scratch: Scratch | None
-                   ) -> Outcome:
+def _disaggregated(config: Config, plan: Plan, traffic: Traffic, tree: tuple | None, path: paths.Path,
+                   draws: np.ndarray, scratch: Scratch | None) -> Outcome:
     """A prefill pool in front of the decode replicas (engine times)."""
     f = config.fleet
     n = len(traffic)
@@ -315,16 +304,15 @@ def _disaggregated(config: Config, plan: Plan, traffic: Traffic, draws: np.ndarr
     # the prefill pool: every prompt as a one-token request
     prefill = Plan.of(pools.prefill_config(config), 1)
     pre_draws = routes(config.workload, n, f.prefill_replicas, 1) if ROUTERS[f.router].draws else draws
-    if traffic.content is not None and traffic.content.closed_loop:  # a turn waits on the decode pool: one loop
-        return _shared(config, plan, traffic, draws, scratch, prefill=(prefill, pre_draws))
+    if path.prefill == "joint":  # a turn waits on the decode pool: one loop
+        return _shared(config, plan, traffic, tree, draws, scratch, prefill=(prefill, pre_draws))
     ones = np.ones(n, np.int64)
-    if traffic.content is None:  # nothing shared: the KV counters, as in _unshared
-        router = "least_kv" if f.router == "prefix_aware" else f.router
-        pre = _pool(prefill, router, f.prefill_replicas, arrival, prompt, ones, pre_draws, scratch)
-        pre = _no_hits(pre) if config.engine.prefix_caching else pre
+    if traffic.content is None:  # nothing shared: the KV counters
+        pre = _pool(prefill, path.prefill, path.router, f.prefill_replicas, arrival, prompt, ones, pre_draws, scratch)
+        pre = _no_hits(pre) if pools.prefix_cache(config) else pre
     else:  # the prompts are cached where they are computed
         pre_config = config.at({"fleet.replicas": f.prefill_replicas})
-        pre = _shared(pre_config, prefill, traffic, pre_draws, scratch, output=ones)
+        pre = _shared(pre_config, prefill, traffic, tree, pre_draws, scratch, output=ones)
         if pre.replica is None:
             pre = dataclasses.replace(pre, replica=np.zeros(n, np.int32))
     ended = pre.done_s  # the end of each prompt's step: its first token (engine time)
@@ -332,9 +320,7 @@ def _disaggregated(config: Config, plan: Plan, traffic: Traffic, draws: np.ndarr
     reached = link.kv_arrivals(config, ended, prompt, sent, pre.replica)
     ids = np.flatnonzero(sent)
     ids = ids[np.lexsort((ids, reached[ids]))]  # the decode pool's order: by KV arrival, ties by index
-    # decode replicas cache nothing: the prompt-aware score is least_kv's there
-    router = "least_kv" if f.router == "prefix_aware" else f.router
-    dec = _pool(plan, router, f.replicas, reached[ids], prompt[ids], output[ids], draws[ids], scratch,
+    dec = _pool(plan, path.loop, path.router, f.replicas, reached[ids], prompt[ids], output[ids], draws[ids], scratch,
                 token_1=ended[ids])
     done = ended.copy()
     done[ids] = dec.done_s

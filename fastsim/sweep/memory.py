@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 
 from ..analysis.batch import GROUP_REQUESTS, MAX_REQUESTS
+from ..engine import paths
 from ..engine.kernels import RING_MAX
 from ..engine.kernels.prefix import HELD_MOST
 from ..model import fleet
@@ -110,18 +111,15 @@ def point_bytes(config: Config) -> int:
 
 
 def _kind(config: Config) -> str:
-    """How the run goes, as :func:`fastsim.model.fleet.kind` says, but a prefix cache over
-    requests that share nothing runs on the fast kernels (one engine, or a pool: fleet.run's
-    ``_unshared``), and sessions behind a prefill pool run in the cache's loop. What a trace
-    shares is known once it is read: it counts as shared."""
-    how, w = fleet.kind(config), config.workload
-    if how == "disaggregated" and w.sessions is not None:
-        return "cached"  # both pools in the cache's loop: a turn waits on the decode pool
-    shares = (w.sessions is not None or w.system_prompts is not None
-              or (fleet.prefix_cache(config) and (bool(w.prefix_tokens) or w.trace is not None)))
-    if how == "cached" and not shares:
-        return "one" if config.fleet.replicas == 1 else "pool"
-    return how
+    """How the run goes, for its memory: its path (:func:`fastsim.engine.paths.of`; what a trace
+    shares is known once it is read: it counts as shared): ``cached`` where the replicas run the
+    prefix cache's loop (or both pools do), else ``one``, ``apart``, ``pool`` or ``disaggregated``."""
+    path = paths.of(config)
+    if path.shares:
+        return "cached"
+    if path.fleet == "disaggregated":
+        return path.fleet
+    return "one" if config.fleet.replicas == 1 else ("apart" if path.loop == paths.ENGINE else "pool")
 
 
 def replica_bytes(config: Config) -> int:

@@ -28,8 +28,7 @@ from ..analysis.batch import MAX_REQUESTS, metric_rows
 from ..analysis.metrics import METRICS, SORT_BELOW
 from ..analysis.simulation import simulate
 from ..engine.checks import check
-from ..engine.kernels import Plan
-from ..model import fleet
+from ..engine import paths
 from ..model.schema import Config, ConfigError
 from . import backends
 from .checkpoint import Checkpoint
@@ -120,27 +119,17 @@ def _run_blocks(backend: backends.Backend, blocks: list[np.ndarray], keep: Calla
         raise
 
 
-# The axes that can change which kernel a point runs (the lesson's or the serving model's, which
-# policy, which kind of fleet); rates, seeds and lengths never do.
-KERNEL_KEYS = ("engine.", "hardware.", "model.", "calibration.", "fleet.", "workload.prefix_tokens")
-
-
-def _kernel_kind(config: Config) -> tuple:
-    plan = Plan.of(config)
-    return plan.lesson, plan.policy == "continuous", fleet.kind(config)
-
-
 def warm_up(grid: Grid, batched: bool = False) -> None:
     """Load (or compile, once) the kernels the grid's points run, before workers call them: each
-    kind of kernel among the values of the axes that choose one, on as few requests as take the
+    compiled path (:func:`fastsim.engine.paths.compiled`) among the values of every axis (the
+    others at their first), on as few requests as take the
     same metrics code as the grid's smallest point (a run of up to ``SORT_BELOW`` requests has
     its own, which a grid of larger points would compile for nothing: 4.6 s of a first run);
     ``batched``: as small points run, many to a compiled call (:mod:`fastsim.analysis.batch`)."""
     first = [0] * len(grid.keys)
     points = [tuple(first)]
-    for a, key in enumerate(grid.keys):
-        if key.startswith(KERNEL_KEYS):
-            points += [tuple(first[:a] + [j] + first[a + 1:]) for j in range(1, len(grid.axes[a]))]
+    for a in range(len(grid.keys)):
+        points += [tuple(first[:a] + [j] + first[a + 1:]) for j in range(1, len(grid.axes[a]))]
     kinds: dict[tuple, Config] = {}
     for idx in points:
         config = grid.config_at(idx)
@@ -148,7 +137,7 @@ def warm_up(grid: Grid, batched: bool = False) -> None:
             check(config)  # a plan's candidate may be one that cannot run
         except ConfigError:
             continue
-        kinds.setdefault(_kernel_kind(config), config)
+        kinds.setdefault(paths.compiled(config), config)
     n = 8 if grid.min_requests <= SORT_BELOW else SORT_BELOW + 1
     for config in kinds.values():
         tiny = config.at({"workload.n_requests": n, "workload.trace": None, "workload.rate": config.workload.rate or 1.0})

@@ -183,6 +183,13 @@ def steps_of(runs: np.ndarray) -> dict:
     return steps
 
 
+def tree_of(traffic):
+    """The chat tree the serving loop's cache holds (:func:`fastsim.engine.content.chat_tree`)."""
+    from fastsim.engine.content import chat_tree
+
+    return chat_tree(traffic.content, traffic.prompt_tokens, traffic.output_tokens)
+
+
 @pytest.mark.parametrize("seed", range(12))
 def test_the_serving_loop_equals_the_block_loop_at_scale(seed):
     """The serving loop (the cache as runs of blocks) against the cache's block-by-block loop
@@ -202,7 +209,7 @@ def test_the_serving_loop_equals_the_block_loop_at_scale(seed):
     traffic = of(config)
     plan = Plan.of(config, None)
     draws = routes(config.workload, len(traffic), replicas, 0)
-    fast = fleet._shared(config, plan, traffic, draws, None)
+    fast = fleet._shared(config, plan, traffic, tree_of(traffic), draws, None)
     loop = fleet._blockwise(config, plan, traffic, traffic.output_tokens, draws, None)
     assert close(fast.first_token_s, loop.first_token_s) and close(fast.done_s, loop.done_s)
     assert close(fast.arrival_s, loop.arrival_s) and (fast.cached_tokens == loop.cached_tokens).all()
@@ -222,7 +229,7 @@ def test_replicas_over_system_prompts_run_on_the_serving_loop(router):
     traffic = of(config)
     draws = routes(config.workload, len(traffic), 4, 0) if router == "random" else np.empty(len(traffic), np.int64)
     plan = Plan.of(config, None)
-    fast = fleet._shared(config, plan, traffic, draws, None)
+    fast = fleet._shared(config, plan, traffic, tree_of(traffic), draws, None)
     loop = fleet._blockwise(config, plan, traffic, traffic.output_tokens, draws, None)
     assert fast.preemptions == loop.preemptions > 0 and (fast.replica == loop.replica).all()
     assert close(fast.first_token_s, loop.first_token_s) and close(fast.done_s, loop.done_s)

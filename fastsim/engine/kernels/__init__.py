@@ -19,7 +19,7 @@ from ...model import cost
 from ...model.schema import Config
 from ._calendar import COMPACT_RUN, FULL_COLUMNS, RING_MAX
 from ._kv import PAGED, REHIT, RESERVE
-from .one_engine import LAYOUT, kernel_of
+from .one_engine import LAYOUT, Numbers, kernel_of
 
 __all__ = ["RING_MAX", "RUNS_PER_REQUEST", "Outcome", "Plan", "Scratch", "kv_totals", "longest_output", "outcome",
            "run", "run_engine", "with_api", "with_room"]
@@ -61,9 +61,9 @@ class Plan:
     api_s: float
 
     @property
-    def numbers(self) -> tuple:
+    def numbers(self) -> Numbers:
         """What every one-engine kernel takes of the plan (:mod:`.one_engine`)."""
-        return (self.limit, self.window_s, self.k, self.budget, self.blocks, self.block_tokens, self.kv_mode,
+        return Numbers(self.limit, self.window_s, self.k, self.budget, self.blocks, self.block_tokens, self.kv_mode,
                 self.prefix_blocks, self.max_output, self.lookahead)
 
     @classmethod

@@ -6,17 +6,19 @@ small runs (:mod:`fastsim.analysis.batch`):
         -> (steps, busy slot-steps, max_queue, preemptions, sum over steps of KV blocks in use,
             peak KV blocks in use, number of runs, number of gaps)
 
-``plan`` is :attr:`fastsim.engine.kernels.Plan.numbers`: (limit, window_s, k, budget, blocks,
-block_tokens, kv_mode, prefix_blocks, max_output, lookahead). The lesson's kernels ignore what they do not
-model (and a decode replica's ``token_1``: they are never given one).
+``plan`` is :attr:`fastsim.engine.kernels.Plan.numbers`, a :class:`Numbers`. The lesson's
+kernels ignore what they do not model (and a decode replica's ``token_1``: they are never given
+one).
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from ..._jit import jit
-from ...model.cost import frozen_in_loop
+from ...model.cost import T_KV, T_WEIGHTS, frozen_in_loop
 from ..router import ONE_ENGINE
 from . import lesson
 from ._kv import RESERVE, Counters
@@ -31,19 +33,34 @@ UNROUTED = np.int64(ONE_ENGINE)  # kernel would be compiled once for one engine 
 NO_SLACK = np.inf  # a replica that releases no arrivals
 
 
+class Numbers(NamedTuple):
+    """What every one-engine kernel takes of a plan (:class:`fastsim.engine.kernels.Plan`)."""
+
+    limit: int
+    window_s: float
+    k: np.ndarray
+    budget: int
+    blocks: int
+    block_tokens: int
+    kv_mode: int
+    prefix_blocks: int
+    max_output: int
+    lookahead: bool
+
+
 @jit
 def lesson_continuous(arrival, prompt, output, plan, token_1, first_token, done, runs, gaps, work):
-    limit, k = plan[0], plan[2]
-    steps, busy, queue, nruns = lesson.continuous(arrival, prompt, output, limit, k[1], k[2], first_token, done,
-                                                  runs, work)
+    k = plan.k
+    steps, busy, queue, nruns = lesson.continuous(arrival, prompt, output, plan.limit, k[T_WEIGHTS], k[T_KV],
+                                                  first_token, done, runs, work)
     return steps, busy, queue, NONE, NONE, NONE, nruns, NONE
 
 
 @jit
 def lesson_batched(arrival, prompt, output, plan, token_1, first_token, done, runs, gaps, work):
-    limit, window, k = plan[0], plan[1], plan[2]
-    steps, busy, queue, nruns = lesson.batched(arrival, prompt, output, limit, window, k[1], k[2], first_token, done,
-                                               runs, work)
+    k = plan.k
+    steps, busy, queue, nruns = lesson.batched(arrival, prompt, output, plan.limit, plan.window_s, k[T_WEIGHTS],
+                                               k[T_KV], first_token, done, runs, work)
     return steps, busy, queue, NONE, NONE, NONE, nruns, NONE
 
 
@@ -65,7 +82,8 @@ def serving_continuous(arrival, prompt, output, plan, token_1, first_token, done
 
 @jit
 def serving_batched(arrival, prompt, output, plan, token_1, first_token, done, runs, gaps, work):
-    limit, window, k, blocks, bt, pb, o_max = plan[0], plan[1], plan[2], plan[4], plan[5], plan[7], plan[8]
+    limit, window, k, blocks, bt, pb, o_max = (plan.limit, plan.window_s, plan.k, plan.blocks, plan.block_tokens,
+                                               plan.prefix_blocks, plan.max_output)
     steps, busy, queue, kv_sum, kv_peak, nruns = batched_kernel.batched(
         arrival, prompt, output, limit, window, k, blocks, bt, pb, o_max, first_token, done, runs, work)
     return steps, busy, queue, NONE, kv_sum, kv_peak, nruns, NONE

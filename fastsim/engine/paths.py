@@ -1,0 +1,86 @@
+"""The registry of run paths (docs/performance.md#run-paths): which compiled loop runs a
+config's pools, behind which router, and where it falls back. The fleet's driver
+(:mod:`.fleet`), the batched sweep path (:mod:`fastsim.analysis.batch`), a sweep's warm-up
+(:mod:`fastsim.sweep.runner`) and the memory estimate (:mod:`fastsim.sweep.memory`) read it;
+nothing else decides.
+
+The loops:
+
+- ``engine``: the one-engine kernels (:func:`.kernels.one_engine.kernel_of`: the lesson's, or
+  the serving loop in its one-engine shape), on one engine, or on each replica of a pool whose
+  router decides from the request alone (the replicas run apart);
+- ``serve``: one run of the serving loop (:mod:`.kernels.serve`) over every replica: a
+  load-aware router, content the requests share (the prefix cache as runs of blocks), sessions;
+- ``blockwise``: the block-by-block loop (:mod:`.kernels.prefix`): a trace's recorded sharing,
+  which the runs of blocks cannot hold (a request may run beside what it shares), and the
+  fallback of ``serve`` where its cache's bookkeeping stops or its replicas cannot be kept in
+  step (steps that take no time).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from ..model import fleet as pools
+from ..model.routers import ROUTERS
+from ..model.schema import Config
+
+ENGINE, SERVE, BLOCKWISE = "engine", "serve", "blockwise"
+
+
+class Path(NamedTuple):
+    fleet: str  # how the fleet runs (:func:`fastsim.model.fleet.kind`)
+    loop: str  # the replicas' loop (the decode pool's, behind a prefill pool)
+    prefill: str  # the prefill pool's loop; "" without one; "joint" when both pools run in the replicas' loop
+    router: str  # the router the replicas run: prefix_aware is least_kv where they cache nothing
+    shares: bool  # requests share content: the prefix cache's runs (or sessions) in the replicas' loop
+
+
+def uncached(router: str) -> str:
+    """The router a pool that caches nothing runs: prefix-aware routing scores prompts against
+    the cache, and with nothing cached (nothing shared, or a decode pool, whose prompts arrive
+    whole) every replica would miss the whole prompt: what is left is least_kv's score."""
+    return "least_kv" if router == "prefix_aware" else router
+
+
+def of(config: Config, shared: bool | None = None, tree: bool = True, closed: bool | None = None) -> Path:
+    """The path of ``config``. ``shared``: whether its requests share content (the traffic's
+    :attr:`~.traffic.Traffic.content` is set); None: as the config says, a trace counting as
+    shared. ``tree``: whether what they share is a chat tree (system prompts, sessions:
+    :func:`.content.chat_tree`), which the serving loop's cache holds; a trace's recorded
+    sharing is not. ``closed``: whether some arrivals wait for completions (later turns of
+    sessions; None: whether the workload has sessions)."""
+    f, w = config.fleet, config.workload
+    kind = pools.kind(config)
+    closed = w.sessions is not None if closed is None else closed
+    if shared is None:
+        shared = (w.sessions is not None or w.system_prompts is not None
+                  or (pools.prefix_cache(config) and (bool(w.prefix_tokens) or w.trace is not None)))
+        tree = tree and w.trace is None
+    with_shares = SERVE if tree else BLOCKWISE
+    router = uncached(f.router)
+    pool = SERVE if ROUTERS[router].load_aware else ENGINE  # a pool of replicas that caches nothing
+    if kind == "disaggregated":
+        if shared and closed:  # a turn waits on the decode pool: one loop for both
+            return Path(kind, with_shares, "joint", f.router, True)
+        return Path(kind, pool, with_shares if shared else pool, router, False)
+    if kind == "cached" and shared:
+        return Path(kind, with_shares, "", f.router, True)
+    return Path(kind, ENGINE if f.replicas == 1 else pool, "", f.router if kind == "one" else router, False)
+
+
+def batchable(config: Config, shared: bool, warmup: int) -> bool:
+    """Whether a point runs on :mod:`fastsim.analysis.batch`'s compiled loop over many small
+    runs: one engine on the one-engine kernels (also with a prefix cache over requests that share
+    nothing), every request measured."""
+    path = of(config, shared)
+    return warmup == 0 and path.loop == ENGINE and config.fleet.replicas == 1 and path.fleet != "disaggregated"
+
+
+def compiled(config: Config) -> tuple:
+    """What decides the compiled code a config runs (a sweep's warm-up compiles each once): its
+    path, and the one-engine kernel's model and policy."""
+    from .kernels import Plan  # (the plan folds the cost model: only where a kernel is chosen)
+
+    plan = Plan.of(config)
+    return of(config), plan.lesson, plan.policy == "continuous"
