@@ -11,9 +11,9 @@ serving loop's (:mod:`.kernels.serve`), in one of its shapes (:mod:`.kernels._sh
   own requests apart, as one engine. A load-aware router needs the replicas advanced together:
   one run of the pool.
 - Content that requests share (system prompts, sessions: the prefix cache as runs of blocks,
-  :mod:`.kernels._segments`), and sessions, whose next turn the run releases when the turn before
-  is done: one run of one engine or of the pool, behind any router. A trace's recorded sharing
-  runs on the block-by-block loop (:mod:`.kernels.prefix`).
+  :mod:`.kernels._segments`; a trace's recorded sharing: block by block, :mod:`.kernels._cache`),
+  and sessions, whose next turn the run releases when the turn before is done: one run of one
+  engine or of the pool, behind any router.
 - Disaggregated: the prefill pool runs each prompt as a one-token request (the prefill
   replicas' hardware, tp and budget; the shared prefix cached there); each prefill replica's KV
   link carries the prompts to the decode pool (:mod:`.link`), which routes them in order of KV
@@ -35,8 +35,8 @@ from . import content as shares
 from . import link, paths, router, stalls
 from .kernels import (FULL_COLUMNS, Outcome, Plan, Scratch, longest_output, outcome, run_engine, with_api,
                       with_room)
-from .kernels import prefix
 from .kernels import _segments as segments
+from .kernels import _blocks as blockwise
 from .kernels._kv import PAGED, RESERVE, Counters, Runs
 from .kernels._shape import WORK_ROWS, Pool, Rules, routing as routing_of
 from .kernels.serve import serve
@@ -157,37 +157,26 @@ def _no_hits(out: Outcome) -> Outcome:
     return dataclasses.replace(out, cached_tokens=np.zeros(len(out.done_s), np.int64), prefix_hit_rate=0.0)
 
 
-def _shared(config: Config, p: Plan, traffic: Traffic, tree: tuple | None, draws: np.ndarray,
-            scratch: Scratch | None, output: np.ndarray | None = None,
-            prefill: tuple[Plan, np.ndarray] | None = None) -> Outcome:
-    """Requests that share content (system prompts, sessions, a trace's records) on ``p``'s
-    replicas (engine times); ``tree``: their chat tree (:func:`.content.chat_tree`; None: a
-    trace's recorded sharing); ``output``: the outputs they run (ones on a prefill pool run
-    alone). With ``prefill`` (the prefill replicas' plan and their random router's draws), the
-    replicas decode behind a prefill pool in the same loop (sessions: a turn waits on the decode
-    pool). A chat tree runs on :mod:`.kernels.serve` (the prefix cache as runs of blocks); a
-    trace's records, and a run the serving loop stops, on the block-by-block loop
-    (:mod:`.kernels.prefix`)."""
-    output = traffic.output_tokens if output is None else output
-    out = None if tree is None else _served(config, p, traffic, tree, draws, scratch, output, prefill)
-    if out is None:
-        out = _blockwise(config, p, traffic, output, draws, scratch, prefill)
-    return out
-
-
 def _slack(k: np.ndarray, releases: float) -> float:
     """The least time after a replica's clock at which an arrival it releases can come: its
     shortest step (one token), then ``releases`` (inf: it releases none)."""
     return step_time(k, 1, 1, 1, 0) + releases
 
 
-def _served(config: Config, p: Plan, traffic: Traffic, tree: tuple, draws: np.ndarray, scratch: Scratch | None,
-            output: np.ndarray, prefill: tuple[Plan, np.ndarray] | None) -> Outcome | None:
-    """:func:`_shared` on :mod:`.kernels.serve`; None where its cache's bookkeeping stopped."""
+def _shared(config: Config, p: Plan, traffic: Traffic, tree: tuple | None, draws: np.ndarray,
+            scratch: Scratch | None, output: np.ndarray | None = None,
+            prefill: tuple[Plan, np.ndarray] | None = None) -> Outcome:
+    """Requests that share content (system prompts, sessions, a trace's records) on ``p``'s
+    replicas, in one run of :mod:`.kernels.serve` (engine times): the prefix cache as runs of
+    blocks over a chat ``tree`` (:func:`.content.chat_tree`), or block by block (``tree`` None: a
+    trace's recorded sharing; or where the runs' bookkeeping stopped). ``output``: the outputs
+    they run (ones on a prefill pool run alone). With ``prefill`` (the prefill replicas' plan and
+    their random router's draws), the replicas decode behind a prefill pool in the same loop
+    (sessions: a turn waits on the decode pool)."""
     f, c = config.fleet, traffic.content
+    output = traffic.output_tokens if output is None else output
     n = len(traffic)
     caching = config.engine.prefix_caching
-    parent, group, tokens = tree
     bt = p.block_tokens
     pre_plan, pre_draws = prefill if prefill is not None else (p, NO_ROUTES)
     npre = f.prefill_replicas if prefill is not None else 0
@@ -196,14 +185,9 @@ def _served(config: Config, p: Plan, traffic: Traffic, tree: tuple, draws: np.nd
     link_s = link.transfer_s(config, traffic.prompt_tokens) if npre else NO_TIMES
     pre_slack = _slack(pre_plan.k, min(float(link_s.min()) if n else np.inf, turns)) if npre else np.inf
     dec_slack = _slack(p.k, turns)
-    if min(pre_slack, dec_slack) <= 0:  # steps that take no time: replicas cannot be kept in step
-        return None
+    assert min(pre_slack, dec_slack) > 0, "a step takes time (model.params_b > 0: it reads KV), so pools keep in step"
     one = f.replicas == 1 and not npre
     code = ONE_ENGINE if one else ROUTERS[f.router].code
-    gend = tokens // bt
-    if gend == 0:
-        group = np.full_like(group, -1)
-    groups = max(int(group.max()) + 1, 1) if n else 1
     pb = 0 if caching else p.prefix_blocks
     rules = Rules(p.limit, bt, pb, False, p.max_output, p.lookahead, p.api_s)
     routing = routing_of(code, (pre_draws if npre else draws).astype(np.int64), f.prefix_weight, think, link_s,
@@ -213,62 +197,40 @@ def _served(config: Config, p: Plan, traffic: Traffic, tree: tuple, draws: np.nd
     scratch = Scratch() if scratch is None else scratch
     first, done = np.empty(n), np.empty(n)
     replica, pre_replica = np.full(n, -1, np.int64), np.full(n, -1, np.int64)
+    blocks = pre_plan.blocks if npre else p.blocks  # the caching replicas'
     got = []  # the last call's arrivals, KV state and counters
 
-    def call(runs: np.ndarray, gaps: np.ndarray) -> tuple:
+    def call(runs: np.ndarray, gaps: np.ndarray, tree: tuple | None) -> tuple:
         arrived = traffic.arrival_s.copy()
-        if caching:
+        if not caching:
+            kv, cache = Counters(PAGED, p.max_output), NO_CACHE
+        elif tree is not None:
+            parent, group, tokens = tree
+            gend = tokens // bt
+            group = group if gend else np.full_like(group, -1)
+            groups = max(int(group.max()) + 1, 1) if n else 1
             cache, layout = segments.start(max(p.blocks, pre_plan.blocks), groups, npre + f.replicas, group, parent)
             kv = Runs(*layout, gend)
         else:
-            kv, cache = Counters(PAGED, p.max_output), NO_CACHE
+            kv, cache = blockwise.start(c, traffic.prompt_tokens, output, bt, npre or f.replicas, blocks), NO_CACHE
         counters = _counters(serve(arrived, traffic.prompt_tokens, output, pre, dec, rules, routing, kv, cache, first,
                                    done, replica, pre_replica, runs, gaps, scratch.work(WORK_ROWS, n)))
-        got[:] = [arrived, cache, counters]
+        got[:] = [arrived, kv, cache, counters]
         return (0,) * 8 if counters[2] else counters[1]
 
-    counters, runs, gaps = with_room(n, scratch, False, call)
-    arrived, cache, (pre_counters, _, stopped) = got
-    if stopped:
-        return None
-    cached = cache[-n:, segments.CACHED].copy() if caching and n else np.zeros(n, np.int64)
+    counters, runs, gaps = with_room(n, scratch, False, lambda runs, gaps: call(runs, gaps, tree))
+    if got[-1][2]:  # the runs' bookkeeping stopped: block by block
+        counters, runs, gaps = with_room(n, scratch, False, lambda runs, gaps: call(runs, gaps, None))
+    arrived, kv, cache, (pre_counters, _, _) = got
+    if not caching or not n:
+        cached = np.zeros(n, np.int64)
+    else:
+        cached = kv.cached.copy() if isinstance(kv, blockwise.Blocks) else cache[-n:, segments.CACHED].copy()
     out = outcome(p, first, done, counters, runs, gaps, None if one else replica.astype(np.int32))
     if npre:
         pre_out = outcome(pre_plan, first, done, pre_counters, runs[:0], gaps[:0])
         out = _joined(pre_out, out, first, done, replica.astype(np.int32), pre_replica.astype(np.int32))
     return _with_hits(out, traffic, arrived, cached, caching)
-
-
-def _blockwise(config: Config, p: Plan, traffic: Traffic, output: np.ndarray, draws: np.ndarray,
-               scratch: Scratch | None, prefill: tuple[Plan, np.ndarray] | None = None) -> Outcome:
-    """The block-by-block prefix-caching loop (:mod:`.kernels.prefix`) on ``p``'s replicas (engine
-    times); arguments as :func:`_shared`'s."""
-    scratch = Scratch() if scratch is None else scratch
-    f = config.fleet
-    n = len(traffic)
-    c = traffic.content if traffic.content is not None else shares.none(n)
-    prompt = traffic.prompt_tokens
-    pool = None
-    if prefill is not None:
-        pre_plan, pre_draws = prefill
-        pool = prefix.PrefillPool(f.prefill_replicas, pre_plan.k, pre_plan.budget, pre_plan.blocks,
-                                  link.transfer_s(config, prompt), pre_draws.astype(np.int64))
-    got = []  # the per-request arrays of the last call
-
-    def call(runs: np.ndarray, gaps: np.ndarray) -> tuple:
-        *got[:], counters = prefix.run(
-            traffic.arrival_s, prompt, output, c.parent, c.shared, c.hash_start, c.hash_ids, c.hash_block, c.think_s,
-            f.replicas, ROUTERS[f.router].code, draws.astype(np.int64), f.prefix_weight, p.limit, p.k, p.budget,
-            p.blocks, p.block_tokens, config.engine.prefix_caching, p.lookahead, p.api_s, runs, gaps, pool)
-        return counters
-
-    counters, runs, gaps = with_room(n, scratch, False, call)
-    first, done, arrived, replica, pre_replica, cached, pre_counters = got
-    out = outcome(p, first, done, counters, runs, gaps, replica.astype(np.int32))
-    if prefill is not None:
-        pre = outcome(prefill[0], first, done, pre_counters, runs[:0], gaps[:0])
-        out = _joined(pre, out, first, done, replica.astype(np.int32), pre_replica.astype(np.int32))
-    return _with_hits(out, traffic, arrived, cached, config.engine.prefix_caching)
 
 
 def _with_hits(out: Outcome, traffic: Traffic, arrived: np.ndarray, cached: np.ndarray, caching: bool) -> Outcome:

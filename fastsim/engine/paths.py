@@ -10,11 +10,12 @@ The loops:
   the serving loop in its one-engine shape), on one engine, or on each replica of a pool whose
   router decides from the request alone (the replicas run apart);
 - ``serve``: one run of the serving loop (:mod:`.kernels.serve`) over every replica: a
-  load-aware router, content the requests share (the prefix cache as runs of blocks), sessions;
-- ``blockwise``: the block-by-block loop (:mod:`.kernels.prefix`): a trace's recorded sharing,
-  which the runs of blocks cannot hold (a request may run beside what it shares), and the
-  fallback of ``serve`` where its cache's bookkeeping stops or its replicas cannot be kept in
-  step (steps that take no time).
+  load-aware router, content the requests share, sessions.
+
+Where requests share content, its KV state (:mod:`.kernels._kv`) is the prefix cache as ``runs``
+of blocks for a chat tree (system prompts and sessions' turns), or ``blocks``, one by one, for a
+trace's recorded sharing, which runs cannot hold (a request may run beside what it shares), and
+where the runs' bookkeeping stops (the rules keep that from happening; the loop checks).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from ..model import fleet as pools
 from ..model.routers import ROUTERS
 from ..model.schema import Config
 
-ENGINE, SERVE, BLOCKWISE = "engine", "serve", "blockwise"
+ENGINE, SERVE = "engine", "serve"
+RUNS, BLOCKS = "runs", "blocks"
 
 
 class Path(NamedTuple):
@@ -33,7 +35,7 @@ class Path(NamedTuple):
     loop: str  # the replicas' loop (the decode pool's, behind a prefill pool)
     prefill: str  # the prefill pool's loop; "" without one; "joint" when both pools run in the replicas' loop
     router: str  # the router the replicas run: prefix_aware is least_kv where they cache nothing
-    shares: bool  # requests share content: the prefix cache's runs (or sessions) in the replicas' loop
+    shares: str  # what requests share, as the replicas' loop holds it: "" (nothing), RUNS or BLOCKS
 
 
 def uncached(router: str) -> str:
@@ -57,16 +59,16 @@ def of(config: Config, shared: bool | None = None, tree: bool = True, closed: bo
         shared = (w.sessions is not None or w.system_prompts is not None
                   or (pools.prefix_cache(config) and (bool(w.prefix_tokens) or w.trace is not None)))
         tree = tree and w.trace is None
-    with_shares = SERVE if tree else BLOCKWISE
+    held = RUNS if tree else BLOCKS
     router = uncached(f.router)
     pool = SERVE if ROUTERS[router].load_aware else ENGINE  # a pool of replicas that caches nothing
     if kind == "disaggregated":
         if shared and closed:  # a turn waits on the decode pool: one loop for both
-            return Path(kind, with_shares, "joint", f.router, True)
-        return Path(kind, pool, with_shares if shared else pool, router, False)
+            return Path(kind, SERVE, "joint", f.router, held)
+        return Path(kind, pool, SERVE if shared else pool, router, "")
     if kind == "cached" and shared:
-        return Path(kind, with_shares, "", f.router, True)
-    return Path(kind, ENGINE if f.replicas == 1 else pool, "", f.router if kind == "one" else router, False)
+        return Path(kind, SERVE, "", f.router, held)
+    return Path(kind, ENGINE if f.replicas == 1 else pool, "", f.router if kind == "one" else router, "")
 
 
 def batchable(config: Config, shared: bool, warmup: int) -> bool:

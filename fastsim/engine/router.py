@@ -18,7 +18,7 @@ ROUND_ROBIN = ROUTERS["round_robin"].code  # the codes :func:`choose` tells apar
 RANDOM = ROUTERS["random"].code
 LEAST_OUTSTANDING = ROUTERS["least_outstanding"].code
 LEAST_KV = ROUTERS["least_kv"].code
-PREFIX_AWARE = ROUTERS["prefix_aware"].code  # scored by the prefix cache's loop itself (:mod:`.kernels.prefix`)
+PREFIX_AWARE = ROUTERS["prefix_aware"].code  # scored by the serving loop itself (:func:`.kernels._route.prefix_aware`)
 ONE_ENGINE = -1  # no router: the serving loop's one engine takes its requests as they arrive
 
 

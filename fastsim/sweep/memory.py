@@ -19,7 +19,6 @@ import re
 from ..analysis.batch import GROUP_REQUESTS, MAX_REQUESTS
 from ..engine import paths
 from ..engine.kernels import RING_MAX
-from ..engine.kernels.prefix import HELD_MOST
 from ..model import fleet
 from ..model.cost import kv_blocks
 from ..model.schema import Config, ConfigError
@@ -131,7 +130,7 @@ def replica_bytes(config: Config) -> int:
     stride = (ring + 63) // 64 * 64  # buckets, 8 bytes each, and the bitmap over them: a bit each
     calendar = stride * 8 + stride // 8 if how in ("pool", "disaggregated") else 0
     if how == "cached":  # its cache in place of a calendar, and the blocks its running requests hit
-        calendar = (kv_blocks(config) or 0) * BYTES_PER_BLOCK + HELD_MOST * 8 // max(config.fleet.replicas, 1)
+        calendar = (kv_blocks(config) or 0) * BYTES_PER_BLOCK
     prefill = config.fleet.replicas if fleet.sized_by_plan(config) else config.fleet.prefill_replicas  # as many, at a guess
     return (config.fleet.replicas + prefill) * (BYTES_PER_REPLICA + calendar)
 

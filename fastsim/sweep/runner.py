@@ -31,6 +31,7 @@ from ..engine.checks import check
 from ..engine import paths
 from ..model.schema import Config, ConfigError
 from . import backends
+from .memory import requests
 from .checkpoint import Checkpoint
 from .grid import Grid
 
@@ -140,7 +141,11 @@ def warm_up(grid: Grid, batched: bool = False) -> None:
         kinds.setdefault(paths.compiled(config), config)
     n = 8 if grid.min_requests <= SORT_BELOW else SORT_BELOW + 1
     for config in kinds.values():
-        tiny = config.at({"workload.n_requests": n, "workload.trace": None, "workload.rate": config.workload.rate or 1.0})
+        if paths.of(config).shares == paths.BLOCKS:  # a trace's recorded sharing: its first requests
+            tiny = config.at({"workload.n_requests": min(n, requests(config))})
+        else:
+            tiny = config.at({"workload.n_requests": n, "workload.trace": None,
+                              "workload.rate": config.workload.rate or 1.0})
         if batched:
             metric_rows([tiny])
         else:

@@ -1,6 +1,7 @@
-"""The prefix-caching kernel against the prefix oracle (tests/oracles/prefix.py), written from
+"""The serving loop's prefix cache against the prefix oracle (tests/oracles/prefix.py), written from
 docs/model/prefix-cache.md: system prompts, sessions, hash-id and conversation traces, small
-caches that evict and preempt, one engine and every router."""
+caches that evict and preempt, one engine and every router; and, at H100 scale, its two forms
+(runs of blocks, block by block) against the compiled block loop (tests/oracles/block_loop.py)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from fastsim.engine.kernels import Plan
 from fastsim.engine.traffic import Traffic, of, routes
 from fastsim.model import cost
 
+from ..oracles import block_loop
 from ..oracles import prefix as oracle_prefix
 from ..strategies import close, oracle_engine
 
@@ -190,15 +192,12 @@ def tree_of(traffic):
     return chat_tree(traffic.content, traffic.prompt_tokens, traffic.output_tokens)
 
 
-@pytest.mark.parametrize("seed", range(12))
-def test_the_serving_loop_equals_the_block_loop_at_scale(seed):
-    """The serving loop (the cache as runs of blocks) against the cache's block-by-block loop
-    (itself the oracle's) on the bench's chat sessions at H100 scale, with caches from tight
-    (thousands of preemptions) to roomy, on one engine and on replicas behind every router: every
-    time to 1e-9, every count exact."""
+def at_scale(seed: int, n: int) -> tuple:
+    """The bench's chat sessions at H100 scale, with caches from tight (thousands of preemptions)
+    to roomy, on one engine or replicas behind any router: (config, traffic, plan, draws)."""
     rng = np.random.default_rng(seed)
     config = Config().with_values({
-        **SERVING, **SESSIONS[1], "workload.n_requests": 1000, "workload.seed": seed,
+        **SERVING, **SESSIONS[1], "workload.n_requests": n, "workload.seed": seed,
         "workload.rate": float(rng.choice([0.5, 1.0, 3.0])), "engine.kv_cache_gb": float(rng.choice([2.0, 4.0, 20.0])),
         "engine.max_batched_tokens": int(rng.choice([2048, 8192])),
         "workload.sessions": {"turns": {"dist": "uniform", "min": 2, "max": 10}, "max_context": 12000}})
@@ -207,16 +206,36 @@ def test_the_serving_loop_equals_the_block_loop_at_scale(seed):
     config = config.with_values({"fleet.replicas": replicas, "fleet.router": router,
                                  "workload.rate": config.workload.rate * replicas})
     traffic = of(config)
-    plan = Plan.of(config, None)
-    draws = routes(config.workload, len(traffic), replicas, 0)
-    fast = fleet._shared(config, plan, traffic, tree_of(traffic), draws, None)
-    loop = fleet._blockwise(config, plan, traffic, traffic.output_tokens, draws, None)
+    return config, traffic, Plan.of(config, None), routes(config.workload, len(traffic), replicas, 0)
+
+
+def same_run(fast, loop) -> None:
+    """Every time to 1e-9, every count exact."""
     assert close(fast.first_token_s, loop.first_token_s) and close(fast.done_s, loop.done_s)
     assert close(fast.arrival_s, loop.arrival_s) and (fast.cached_tokens == loop.cached_tokens).all()
     for name in ("steps", "busy_slot_steps", "max_queue", "preemptions", "kv_block_steps", "prefix_hit_rate"):
         assert getattr(fast, name) == getattr(loop, name), name
     assert steps_of(fast.runs) == steps_of(loop.runs)  # (the two loops record them in other rows)
     assert close(np.sort(fast.gaps_s), np.sort(loop.gaps_s))
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_serving_loop_equals_the_block_loop_at_scale(seed):
+    """The serving loop (the cache as runs of blocks) against the compiled block loop (itself
+    the oracle's) on chat sessions at H100 scale."""
+    config, traffic, plan, draws = at_scale(seed, 1000)
+    same_run(fleet._shared(config, plan, traffic, tree_of(traffic), draws, None),
+             block_loop.blockwise(config, plan, traffic, traffic.output_tokens, draws))
+
+
+@pytest.mark.parametrize("seed", [2, 3, 6, 20])
+def test_the_serving_loop_block_by_block_equals_the_block_loop_at_scale(seed):
+    """The serving loop with the cache block by block (as a trace's recorded sharing runs),
+    against the compiled block loop on the same chat sessions (these seeds preempt: 347, 355,
+    75, 378 times)."""
+    config, traffic, plan, draws = at_scale(seed, 600)
+    same_run(fleet._shared(config, plan, traffic, None, draws, None),
+             block_loop.blockwise(config, plan, traffic, traffic.output_tokens, draws))
 
 
 @pytest.mark.parametrize("router", ROUTERS)
@@ -230,21 +249,34 @@ def test_replicas_over_system_prompts_run_on_the_serving_loop(router):
     draws = routes(config.workload, len(traffic), 4, 0) if router == "random" else np.empty(len(traffic), np.int64)
     plan = Plan.of(config, None)
     fast = fleet._shared(config, plan, traffic, tree_of(traffic), draws, None)
-    loop = fleet._blockwise(config, plan, traffic, traffic.output_tokens, draws, None)
+    loop = block_loop.blockwise(config, plan, traffic, traffic.output_tokens, draws)
     assert fast.preemptions == loop.preemptions > 0 and (fast.replica == loop.replica).all()
     assert close(fast.first_token_s, loop.first_token_s) and close(fast.done_s, loop.done_s)
     assert (fast.cached_tokens == loop.cached_tokens).all() and fast.kv_block_steps == loop.kv_block_steps
 
 
-def test_a_run_whose_cache_bookkeeping_stops_runs_on_the_block_loop(monkeypatch):
+def test_a_run_whose_runs_of_blocks_stop_goes_on_block_by_block(monkeypatch):
     """Where the serving loop's runs of blocks stop (two requests filling one system prompt: the
-    rules keep that from happening, the loop checks), the block-by-block loop gives the answer."""
+    rules keep that from happening, the loop checks), the same loop with the cache block by block
+    gives the answer: the runs' own."""
+    from fastsim.engine.kernels import serve as serving
+
     config = Config().with_values({**SERVING, **SESSIONS[1], "workload.n_requests": 300})
     traffic = of(config)
     want = fleet.run(config, traffic)
-    monkeypatch.setattr(fleet, "_served", lambda *args: None)
+    kinds = []
+
+    def stopping(*args):
+        kinds.append(type(args[7]).__name__)
+        if kinds[-1] == "Runs":
+            return (0,) * 6, (0,) * 6, 0, 0, True
+        return serving.serve(*args)
+
+    monkeypatch.setattr(fleet, "serve", stopping)
     got = fleet.run(config, traffic)
+    assert kinds == ["Runs", "Blocks"]
     assert close(got.done_s, want.done_s) and got.steps == want.steps
+    assert (got.cached_tokens == want.cached_tokens).all()
 
 
 @st.composite

@@ -30,8 +30,9 @@ def test_max_memory_option(root):
     small = one_line(CliRunner().invoke(app, ["run", cfg, "--max-memory", "1MB"]))
     assert small.startswith("error: workload.n_requests: 20,000 requests need ~") and "allowed" in small
     shared = one_line(CliRunner().invoke(app, ["run", cfg, "--max-memory", "1MB", "--set",
-                                               "workload.system_prompts={count: 2, tokens: 100}"]))
-    assert shared.startswith("error: engine.prefix_caching: the prefix cache of 25,720 blocks needs ~")
+                                               "workload.system_prompts={count: 2, tokens: 100}", "--set",
+                                               "engine.block_tokens=1"]))  # (its 43 MB: the most)
+    assert shared.startswith("error: engine.prefix_caching: the prefix cache of 411,525 blocks needs ~")
     assert CliRunner().invoke(app, ["run", cfg, "--max-memory", "1GiB", "--json"]).exit_code == 0
     assert "--max-memory" in one_line(CliRunner().invoke(app, ["run", cfg, "--max-memory", "lots"]))
 

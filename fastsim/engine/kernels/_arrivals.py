@@ -1,5 +1,4 @@
-"""Arrivals that depend on the run, for the serving loop (:mod:`.serve`) and the block-by-block
-loop (:mod:`.prefix`): the given ones (a trace's or the drawn ones; NaN for a session's later
+"""Arrivals that depend on the run, for the serving loop (:mod:`.serve`): the given ones (a trace's or the drawn ones; NaN for a session's later
 turn) and those a run releases (a session's next turn, a prompt's KV reaching the decode pool),
 kept in a binary min-heap on (time, request) in two arrays; ties go to the lower request index."""
 

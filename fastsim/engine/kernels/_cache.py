@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..._jit import inline
+from ..._jit import inline, jit
 
 EMPTY = -1
 KEY, REF, QPREV, QNEXT, BELOW, FIELDS = range(6)
@@ -268,3 +268,21 @@ def release(i, rep, bt, prompt, parent, shared, hash_start, hash_ids, hash_block
     own[i] = 0
     hits[i] = 0
     return freed
+
+
+def stride_of(prompt: np.ndarray, output: np.ndarray, bt: int) -> int:
+    """The key stride: a power of two above any request's block count."""
+    most = int((prompt + output).max()) // bt + 2 if prompt.size else 2
+    return 1 << most.bit_length()
+
+
+@jit
+def depth(parent):
+    """The content tree's depth: the longest chain of parents (parents come first)."""
+    depth = np.zeros(parent.size, np.int64)
+    most = 0
+    for i in range(parent.size):
+        if parent[i] >= 0:
+            depth[i] = depth[parent[i]] + 1 if parent[i] < i else 1
+            most = max(most, depth[i])
+    return most

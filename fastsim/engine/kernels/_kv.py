@@ -7,7 +7,11 @@ docs/model/prefix-cache.md):
   preempted request finds again those of its own blocks the free queue has not reached;
 - *runs* (:class:`Runs`): vLLM's prefix cache over system prompts and sessions' turns, kept as runs
   of blocks (:mod:`._segments`), one cache per replica, in the array ``cache`` (empty with
-  counters) that every role that reads it takes after the state.
+  counters) that every role that reads it takes after the state;
+- *blocks* (:class:`Blocks`): vLLM's prefix cache block by block (:mod:`._cache`), for content
+  shared any way (a trace's records: a request may run beside what it shares, or share part of
+  a block run): every block a running request holds is known, so the loop walks the running
+  requests at every step (:func:`walks`) and never runs bare steps.
 
 Each role is a function of the KV state first; an ``@overload`` picks the version by the state's
 type when the loop is compiled (as :mod:`._calendar` picks a run layout), so a loop over counters
@@ -17,7 +21,9 @@ carries none of the cache's code. The roles, named after vLLM's KV cache manager
   the blocks it hits; :func:`cached_blocks`: a new request's hit on a replica, for routing;
 - :func:`allocate` (``allocate_slots``): blocks taken from the free queue (decoders' new blocks, a
   chunk's); :func:`admit`: an admission's hits and new blocks committed;
-- :func:`filled`: a row's chunk filled blocks (a system prompt's cached extent grows);
+- :func:`filled`: a row's chunk filled blocks (a system prompt's cached extent grows; blocks get
+  their content); :func:`grow`: the blocks a running request was given in a step's walk, and a
+  decoder's block its token fills (blocks);
 - :func:`free` (``free``, and preemption): a request lets go of its blocks.
 
 The per-replica KV scalars are ``free`` (blocks in the free queue) and ``aux``: for REHIT the
@@ -36,6 +42,8 @@ from numba.extending import overload
 
 from ..._jit import inline, jit
 from . import _segments as segments
+from ._blocks import (Blocks, _admit_blocks, _allocate_blocks, _cached_blocks_blocks, _computed_blocks,
+                      _filled_blocks, _free_blocks, _grow_blocks, _ordered_blocks, _rehits_blocks, _walks_blocks)
 from ._running import own_hit
 from ._segments import A, CACHED, F, GHELD, GROUP, GSEG, HI, HOLDERS, OWNER, PARENT, SID
 
@@ -62,13 +70,14 @@ class Runs(NamedTuple):
     gend: int
 
 
-def _by_kv(role, counters, runs):
+def _by_kv(role, counters, runs, blocks):
     """Make ``role`` (a module-level function: a closure could not be inlined into a helper that
     is itself inlined) the version for the KV state's type, chosen when the caller is compiled."""
 
     @overload(role, inline="always", strict=False)
     def _typed(kv, *args):
-        return runs if getattr(kv, "instance_class", None) is Runs else counters
+        kind = getattr(kv, "instance_class", None)
+        return runs if kind is Runs else blocks if kind is Blocks else counters
 
 
 # ---- counters ----
@@ -93,8 +102,16 @@ def _admit_counters(kv, cache, rep, i, c0, take_n, h, new, free_hits, s_g, s_p, 
     # not a branch: Numba's inliner warns of a branch's value)
 
 
-def _filled_counters(kv, cache, rep, i, c_new, hitting, bt):
+def _filled_counters(kv, cache, rep, i, c_old, c_new, hitting, bt):
     return None
+
+
+def _grow_counters(kv, rep, j, count, cj, hitting, bt):
+    return None
+
+
+def _walks_counters(kv, hitting):
+    return False
 
 
 def _free_counters(kv, cache, rep, v, top, kept, free, aux, hitting, bt):
@@ -225,13 +242,17 @@ def _admit_runs(kv, cache, rep, i, c0, take_n, h, new, free_hits, s_g, s_p, pre,
     return free - free_hits - new, aux + new
 
 
-def _filled_runs(kv, cache, rep, i, c_new, hitting, bt):
+def _filled_runs(kv, cache, rep, i, c_old, c_new, hitting, bt):
     _filled_cache(kv, cache, rep, i, c_new, hitting, bt)
 
 
 def _free_runs(kv, cache, rep, v, top, kept, free, aux, hitting, bt):
     gone, aux = _free_cache(kv, cache, rep, v, top, kept, aux, hitting, bt)
     return free + gone, aux
+
+
+def _walks_runs(kv, hitting):
+    return False
 
 
 def _ordered_counters(kv):
@@ -271,8 +292,19 @@ def admit(kv, cache, rep, i, c0, take_n, h, new, free_hits, s_g, s_p, pre, free,
     """-> (free, aux): request ``i`` admitted with its hits and ``new`` blocks."""
 
 
-def filled(kv, cache, rep, i, c_new, hitting, bt):
-    """A running row's chunk brought it to ``c_new`` tokens."""
+def filled(kv, cache, rep, i, c_old, c_new, hitting, bt):
+    """A running row's chunk brought it from ``c_old`` to ``c_new`` tokens."""
+
+
+def grow(kv, rep, j, count, cj, hitting, bt):
+    """Running request ``j`` was given ``count`` blocks in a step's walk (:func:`walks`);
+    ``cj``: a decoder's tokens computed before the step (-1: the partial row, whose chunk
+    :func:`filled` follows)."""
+
+
+def walks(kv, hitting):
+    """-> whether every step walks the running requests, giving each its blocks
+    (:func:`grow`), on a replica that caches (``hitting``): bare steps never run."""
 
 
 def free(kv, cache, rep, v, top, kept, free, aux, hitting, bt):
@@ -290,9 +322,15 @@ def rehits(kv, pre):
     change as blocks are taken (bare steps cannot run past it)."""
 
 
-for _role, _counters, _runs in (
-        (computed, _computed_counters, _computed_runs), (cached_blocks, _cached_blocks_counters, _cached_blocks_runs),
-        (allocate, _allocate_counters, _allocate_runs), (admit, _admit_counters, _admit_runs),
-        (filled, _filled_counters, _filled_runs), (free, _free_counters, _free_runs),
-        (ordered, _ordered_counters, _ordered_runs), (rehits, _rehits_counters, _rehits_runs)):
-    _by_kv(_role, _counters, _runs)
+for _role, _counters, _runs, _blocks in (
+        (computed, _computed_counters, _computed_runs, _computed_blocks),
+        (cached_blocks, _cached_blocks_counters, _cached_blocks_runs, _cached_blocks_blocks),
+        (allocate, _allocate_counters, _allocate_runs, _allocate_blocks),
+        (admit, _admit_counters, _admit_runs, _admit_blocks),
+        (filled, _filled_counters, _filled_runs, _filled_blocks),
+        (grow, _grow_counters, _grow_counters, _grow_blocks),
+        (free, _free_counters, _free_runs, _free_blocks),
+        (walks, _walks_counters, _walks_runs, _walks_blocks),
+        (ordered, _ordered_counters, _ordered_runs, _ordered_blocks),
+        (rehits, _rehits_counters, _rehits_runs, _rehits_blocks)):
+    _by_kv(_role, _counters, _runs, _blocks)

@@ -15,14 +15,15 @@ def preempt_for(kv, cache, rep, hitting, bt, pb, blocks, steps, now, prompt, g, 
                 phase, last_t, pnext, rprev, rnext, bucket, cnext, cprev, bcount, rhead, rtail, running, partial,
                 pneed, n_dec, sum_c, free, aux, ptop, npre_q, nwait, preemptions):
     """Replica ``rep``'s running requests, oldest first, each given the blocks its tokens of this
-    step need (a decoder one at a block's start, the partial row ``pneed``), the newest preempted
-    while they are short: it frees its blocks (decoders' token counts brought up to date) and goes
-    to the front of the queue with nothing computed; if that was the request itself, the walk
-    stops. Returns the state it changed: (rhead, rtail, running, partial, n_dec, sum_c, free, aux,
+    step need (a decoder one at a block's start, the partial row ``pneed``; :func:`._kv.grow`),
+    the newest preempted while they are short: it frees its blocks (decoders' token counts
+    brought up to date) and goes to the front of the queue with nothing computed; if that was the
+    request itself, the walk stops. Returns the state it changed: (rhead, rtail, running, partial, n_dec, sum_c, free, aux,
     ptop, npre_q, nwait, preemptions, whether it preempted)."""
     preempted = False
     j = rhead
     while j >= 0:
+        cj = -1  # a decoder's tokens computed before the step
         if j == partial:
             need = pneed
         else:
@@ -61,6 +62,7 @@ def preempt_for(kv, cache, rep, hitting, bt, pb, blocks, steps, now, prompt, g, 
         if gone:
             break
         free, aux = roles.allocate(kv, rep, need, free, aux)
+        roles.grow(kv, rep, j, need, cj, hitting, bt)
         if j == partial:
             held[j] += need
         j = rnext[j]

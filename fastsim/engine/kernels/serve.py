@@ -180,7 +180,8 @@ def serve(arrival, prompt, output, pre, dec, rules, routing, kv, cache, first_to
                     ptake = min(prompt[partial] + g[partial] - c[partial], left)
                     if paged:
                         pneed = cdiv(c[partial] + ptake, bt) - pb - held[partial]
-                if paged and bcount[rep, steps % bt] + pneed > free:  # too few blocks for everyone
+                if paged and (roles.walks(kv, hitting) or bcount[rep, steps % bt] + pneed > free):  # too few blocks
+                    # for everyone (or a cache that knows each block: every request given its own)
                     (rhead, rtail, running, partial, n_dec, sum_c, free, aux, ptop, npre_q, nwait, preemptions,
                      preempted) = preempt_for(
                         kv, cache, rep, hitting, bt, pb, blocks, steps, now, prompt, g, c, held,
@@ -199,7 +200,7 @@ def serve(arrival, prompt, output, pre, dec, rules, routing, kv, cache, first_to
                     nrows = 1
                     left -= ptake
                     sampled += ptake == prompt[partial] + g[partial] - c[partial]
-                    roles.filled(kv, cache, rep, partial, c[partial] + ptake, hitting, bt)
+                    roles.filled(kv, cache, rep, partial, c[partial], c[partial] + ptake, hitting, bt)
                 # 2. admission, only when nobody was preempted; the head of the queue blocks it
                 if not preempted:
                     seen = began_r[rep] if lookahead and running > 0 else now  # arrivals the batch can hold
@@ -368,7 +369,7 @@ def serve(arrival, prompt, output, pre, dec, rules, routing, kv, cache, first_to
                             until = min(until, heap_t[0])
                 # 4. fast path: only decoders, nobody to admit, until the next routing instant, an arrival
                 # that would be admitted, a completion or a step whose new blocks do not fit
-                if partial >= 0 or n_dec == 0 or preempted:
+                if partial >= 0 or n_dec == 0 or preempted or roles.walks(kv, hitting):
                     continue
                 if nwait > 0 and running < limit:
                     i = ptop if npre_q > 0 else qfirst
@@ -449,7 +450,7 @@ def serve(arrival, prompt, output, pre, dec, rules, routing, kv, cache, first_to
 
 @jit
 def _stopped(ngaps):
-    """What :func:`serve` returns when the cache's bookkeeping cannot follow (the driver then runs
-    the block-by-block loop)."""
+    """What :func:`serve` returns when the runs' bookkeeping cannot follow (the driver then runs
+    the cache block by block: :class:`._kv.Blocks`)."""
     none = (0, 0, 0, 0, 0, 0)
     return none, none, 0, ngaps, True

@@ -1,6 +1,9 @@
-"""The continuous-batching step loop with vLLM's automatic prefix cache, and with sessions whose
-next turn arrives after the turn before it is done (docs/model/prefix-cache.md): one engine, or
-replicas behind any router (``prefix_aware`` among them).
+"""A second compiled reference for the serving loop's prefix cache (fastsim.engine.kernels.serve,
+its KV roles in fastsim.engine.kernels._kv): the continuous-batching step loop with vLLM's
+automatic prefix cache written directly, and with sessions whose next turn arrives after the turn
+before it is done (docs/model/prefix-cache.md): one engine, or replicas behind any router
+(``prefix_aware`` among them). Fast enough for H100-scale runs the pure-Python oracle
+(tests/oracles/prefix.py) cannot make, so the tests compare the serving loop with it at scale.
 
 A direct loop, step by step over the running requests: the cache is per block (:mod:`._cache`),
 so a step's work grows with the blocks it allocates, fills and frees. Replicas advance in time
@@ -26,14 +29,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..._jit import jit
-from ...model.cost import step_time
-from ..router import LEAST_KV, PREFIX_AWARE, RANDOM, choose
-from . import _cache
-from ._cache import REF, allocate, fill, hit, release, unqueue
-from ._calendar import extend_run, totals
-from ._arrivals import next_arrival, pop, push, turn_after
-from ._running import cdiv, join_queue, link_tail, unlink
+from fastsim._jit import jit
+from fastsim.engine import content as shares
+from fastsim.engine import link
+from fastsim.engine.fleet import _joined, _with_hits
+from fastsim.engine.kernels import Scratch, outcome, with_room
+from fastsim.engine.kernels import _cache
+from fastsim.engine.kernels._arrivals import next_arrival, pop, push, turn_after
+from fastsim.engine.kernels._cache import REF, allocate, fill, hit, release, unqueue
+from fastsim.engine.kernels._calendar import extend_run, totals
+from fastsim.engine.kernels._running import cdiv, join_queue, link_tail, unlink
+from fastsim.engine.router import LEAST_KV, PREFIX_AWARE, RANDOM, choose
+from fastsim.model.cost import step_time
+from fastsim.model.routers import ROUTERS
 
 # Per-request rows of ``req``.
 (G, C, HITS, TOP, OWN, SLACK, SLOT, RPREV, RNEXT, WNEXT, LAST_STEP, CACHED, REQ_ROWS) = range(13)
@@ -43,12 +51,6 @@ from ._running import cdiv, join_queue, link_tail, unlink
 
 
 HELD_MOST = 1 << 22  # entries of the running requests' hit blocks at most (32 MB)
-
-
-def stride_of(prompt: np.ndarray, output: np.ndarray, bt: int) -> int:
-    """The key stride: a power of two above any request's block count."""
-    most = int((prompt + output).max()) // bt + 2 if prompt.size else 2
-    return 1 << most.bit_length()
 
 
 @dataclass(frozen=True)
@@ -82,8 +84,8 @@ def run(arrival, prompt, output, parent, shared, hash_start, hash_ids, hash_bloc
     pre = prefill or PrefillPool(0, k, budget, blocks, np.empty(0), np.empty(0, np.int64))
     cached_replicas = pre.replicas or replicas  # the replicas whose blocks are cached by content
     cache = _cache.start(cached_replicas, pre.blocks)
-    stride = stride_of(prompt, output, bt)
-    depth = _depth(parent) + 2
+    stride = _cache.stride_of(prompt, output, bt)
+    depth = _cache.depth(parent) + 2
     # the blocks each running request hit, by slot, so that releasing them needs no lookup (if that is
     # at most HELD_MOST entries: else they are looked up again)
     count = min(limit * cached_replicas, n)
@@ -99,18 +101,6 @@ def run(arrival, prompt, output, parent, shared, hash_start, hash_ids, hash_bloc
     pre_counters, counters = counters[:7], counters[7:]
     return (first, done, arrived, replica, pre_replica, req[CACHED, :n].copy(), (*pre_counters, 0),
             (*counters, ngaps))
-
-
-@jit
-def _depth(parent):
-    """The content tree's depth: the longest chain of parents (parents come first)."""
-    depth = np.zeros(parent.size, np.int64)
-    most = 0
-    for i in range(parent.size):
-        if parent[i] >= 0:
-            depth[i] = depth[parent[i]] + 1 if parent[i] < i else 1
-            most = max(most, depth[i])
-    return most
 
 
 @jit
@@ -396,3 +386,35 @@ def cached_pool(arrival, prompt, output, parent, shared, hash_start, hash_ids, h
     return (pre[0], pre[1], pre[2], pre[3], pre[4], pre[5], 0, steps, busy, max_queue, preemptions, kv_sum, kv_peak,
             nruns, ngaps)
 
+
+
+def blockwise(config, p, traffic, output, draws, scratch=None, prefill=None):
+    """The block loop on plan ``p``'s replicas (engine times), as the fleet driver runs the
+    serving loop (fastsim.engine.fleet._shared): ``output`` the outputs run, ``draws`` the random
+    router's, ``prefill`` (the prefill replicas' plan, their draws) a prefill pool in front."""
+    scratch = Scratch() if scratch is None else scratch
+    f = config.fleet
+    n = len(traffic)
+    c = traffic.content if traffic.content is not None else shares.none(n)
+    prompt = traffic.prompt_tokens
+    pool = None
+    if prefill is not None:
+        pre_plan, pre_draws = prefill
+        pool = PrefillPool(f.prefill_replicas, pre_plan.k, pre_plan.budget, pre_plan.blocks,
+                           link.transfer_s(config, prompt), pre_draws.astype(np.int64))
+    got = []  # the per-request arrays of the last call
+
+    def call(runs, gaps):
+        *got[:], counters = run(
+            traffic.arrival_s, prompt, output, c.parent, c.shared, c.hash_start, c.hash_ids, c.hash_block, c.think_s,
+            f.replicas, ROUTERS[f.router].code, draws.astype(np.int64), f.prefix_weight, p.limit, p.k, p.budget,
+            p.blocks, p.block_tokens, config.engine.prefix_caching, p.lookahead, p.api_s, runs, gaps, pool)
+        return counters
+
+    counters, runs, gaps = with_room(n, scratch, False, call)
+    first, done, arrived, replica, pre_replica, cached, pre_counters = got
+    out = outcome(p, first, done, counters, runs, gaps, replica.astype(np.int32))
+    if prefill is not None:
+        pre = outcome(prefill[0], first, done, pre_counters, runs[:0], gaps[:0])
+        out = _joined(pre, out, first, done, replica.astype(np.int32), pre_replica.astype(np.int32))
+    return _with_hits(out, traffic, arrived, cached, config.engine.prefix_caching)
