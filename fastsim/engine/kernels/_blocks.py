@@ -121,8 +121,8 @@ def _filled_blocks(kv, cache, rep, i, c_old, c_new, hitting, bt):
 
 
 def _grow_blocks(kv, rep, j, count, cj, hitting, bt):
-    if hitting:
-        _grow_blocks_apart(kv, rep, j, count, cj, bt)
+    if hitting and (count > 0 or (cj >= 0 and (cj + 1) % bt == 0)):  # (a call passes kv's arrays: only when it
+        _grow_blocks_apart(kv, rep, j, count, cj, bt)  # has work)
 
 
 def _free_blocks(kv, cache, rep, v, top, kept, free, aux, hitting, bt):
