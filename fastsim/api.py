@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from ._atomic import atomic_path, check_writable
+from .analysis import frontier as frontier_of
 from .analysis.capacity import RATE, CapacitySearch
 from .analysis.plan import MAX_REPLICAS, REPLICAS, PlanSearch
 from .analysis import simulation
@@ -43,7 +44,7 @@ from .model.presets import DATASHEETS, HARDWARE, MODELS, PRICE_SOURCES  # noqa: 
 from .model.schema import LARGEST_POOL  # noqa: F401
 from .sweep.checkpoint import ResumeWarning  # noqa: F401
 from .sweep.memory import parse_size  # noqa: F401
-from .sweep.summary import (capacity_rows, describe, next_steps, plan_entries, plan_rows, summarize,  # noqa: F401
+from .sweep.summary import (capacity_rows, describe, frontier_rows, next_steps, plan_entries, plan_rows, summarize,  # noqa: F401
                             unsteady)
 
 if TYPE_CHECKING:
@@ -186,8 +187,33 @@ def sweep_to_file(
     return grid, table
 
 
+def frontier_to_file(
+    config: Config,
+    out: str | Path,
+    concurrency: list[int] | None = None,
+    workers: int | None = None,
+    scheduler: str | None = None,
+    resume: bool = False,
+    on_progress: Progress | None = None,
+    max_memory: int | None = None,
+) -> tuple[Grid, np.ndarray, np.ndarray]:
+    """Run every candidate of ``config``'s grid under closed-loop clients at each of
+    ``concurrency`` (:func:`fastsim.analysis.frontier.grid_config`), write the sweep with its
+    frontier (``on_frontier``) as netCDF to ``out`` (atomically, resumable as
+    :func:`sweep_to_file`); returns the grid, its metrics table and which points are on the
+    frontier."""
+    out = Path(out)
+    grid = _grid(frontier_of.grid_config(config, concurrency), workers, scheduler, max_memory)
+    table = _to_file(grid, None, out, workers, scheduler, resume, on_progress, lambda t: t,
+                     lambda t: io.frontier_layout(grid, t, frontier_of.on_frontier(t)))
+    return grid, table, frontier_of.on_frontier(table)
+
+
 def capacity_settings(config: Config) -> Grid:
     """The settings a capacity search answers: ``config``'s grid with its rate axis removed."""
+    if config.workload.concurrency is not None or "workload.concurrency" in config.sweep:
+        raise ConfigError("workload.concurrency: capacity searches workload.rate, which closed-loop clients do not "
+                          "have; sweep workload.concurrency instead (fastsim sweep), or set workload.concurrency: null")
     return build_grid(config.model_copy(update={"sweep": {k: v for k, v in config.sweep.items() if k != RATE}}))
 
 

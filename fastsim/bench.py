@@ -27,8 +27,8 @@ from .model.schema import POLICIES, Config
 @dataclass(frozen=True)
 class BenchRow:
     model: str  # lesson | serving (configs/h100.yaml) | a fleet of it
-    policy: str  # the batching policy, or a fleet's router
-    rate: float
+    policy: str  # the batching policy, or a fleet's router, or closed-loop clients
+    rate: float | None  # None: closed-loop clients
     n_requests: int
     first_call_s: float  # JIT compile or cache load, on a tiny input
     traffic_s: float
@@ -101,6 +101,8 @@ MOE = ("moe (qwen3-30b-a3b)", {"model.preset": "qwen3-30b-a3b"}, 24.0)
 SESSIONS = ("sessions, prefix cache (h100)", {
     "workload.system_prompts": {"count": 8, "tokens": 500},
     "workload.sessions": {"turns": {"dist": "uniform", "min": 2, "max": 10}}}, 1.0)
+# Closed-loop clients on the same engine, as `vllm bench serve --max-concurrency 256` runs them.
+CLOSED = ("closed loop (h100)", {"workload.concurrency": 256, "workload.rate": None}, None)
 FLEET_RATE = 96.0
 FLEETS = (
     ("fleet (8 x h100)", {"fleet.replicas": 8}),
@@ -148,6 +150,8 @@ def _case(model: str, config: Config, repeats: int, n_requests: int, rows: list,
     metrics_s, _ = _best_of(repeats, lambda: measure(config, traffic, out))
     f = config.fleet
     label = config.engine.policy if f.replicas == 1 and not f.prefill_replicas else f.router
+    if workload.concurrency is not None:
+        label = f"{workload.concurrency} clients"
     rows.append(BenchRow(model, label, workload.rate, n_requests, first_call_s, traffic_s, kernel_s, metrics_s,
                          out.steps))
 
@@ -161,7 +165,8 @@ def bench(
     fleets: bool = True,
 ) -> list[BenchRow]:
     """Time every policy at every rate on the lesson's model, then continuous batching on the
-    serving model (configs/h100.yaml's scenario), then fleets of it (:data:`FLEETS`), then
+    serving model (configs/h100.yaml's scenario), a mixture of experts, sessions and closed-loop
+    clients on it, then fleets of it (:data:`FLEETS`), then
     configs/chat-fleet.yaml's sessions behind each router (:data:`CHAT_FLEETS`); raises
     :class:`BenchCheckFailed` on a wrong result. Each stage (traffic, simulation, metrics) is
     timed ``repeats`` times, the fastest kept.
@@ -175,7 +180,7 @@ def bench(
     for rate in serving_rates:
         config = Config().with_values({**SERVING, "workload.rate": rate, "workload.n_requests": n_requests})
         _case("serving (h100)", config, repeats, n_requests, rows, cache)
-    for model, values, rate in (MOE, SESSIONS):
+    for model, values, rate in (MOE, SESSIONS, CLOSED):
         _case(model, Config().with_values({**SERVING, **values, "workload.rate": rate,
                                            "workload.n_requests": n_requests}), repeats, n_requests, rows, cache)
     if fleets:

@@ -167,6 +167,29 @@ for id, value in [("negative", "-5"), ("fraction", "1.5"), ("unit", "3 days"), (
                   ("words", "a while"), ("not-below", "50"), ("infinite", "inf s")]:
     case(f"warmup-{id}", ["run", H100, "--set", f"workload.warmup={value}", *SMALL], "workload.warmup")
 
+# --- closed-loop clients and benchmark lengths
+CLIENTS = ["--set", "workload.rate=null", *SMALL]
+for id, args, names in [
+    ("zero", ["workload.concurrency=0", *CLIENTS], "workload.concurrency"),
+    ("fraction", ["workload.concurrency=2.5", *CLIENTS], "workload.concurrency"),
+    ("with-rate", ["workload.concurrency=8", *SMALL], "workload: concurrency (8 clients: a closed loop) and rate"),
+    ("with-arrival", ["workload.concurrency=8", "--set", "workload.arrival=constant", *CLIENTS],
+     "concurrency (8 clients: a closed loop) and arrival (constant)"),
+    ("with-trace", ["workload.concurrency=8", "--set", "workload.trace=traces/AzureLLMInferenceTrace_conv.csv", *CLIENTS],
+     "workload.concurrency: not with a workload.trace"),
+    ("with-sessions", ["workload.concurrency=8", "--set", "workload.sessions.turns.max=4", *CLIENTS],
+     "workload.concurrency: not with workload.sessions"),
+    ("static", ["workload.concurrency=8", "--set", "engine.policy=static", *CLIENTS],
+     "workload.concurrency needs engine.policy continuous"),
+    ("warmup-duration", ["workload.concurrency=8", "--set", "workload.warmup=10s", *CLIENTS], "workload.warmup"),
+    ("warmup-not-below", ["workload.concurrency=8", "--set", "workload.warmup=50", *CLIENTS], "workload.warmup"),
+    ("think-alone", ["workload.think_s.mean=2", *SMALL], "think_s"),
+    ("range-ratio-above", ["workload.prompt.range_ratio=1.5", *SMALL], "workload.prompt.range_ratio"),
+    ("range-ratio-zero", ["workload.output.range_ratio=0", *SMALL], "workload.output.range_ratio"),
+]:
+    case(f"clients-{id}", ["run", H100, "--set", *args], names)
+case("clients-capacity", ["capacity", H100, "--set", "workload.concurrency=8", *CLIENTS], "workload.concurrency")
+
 # --- the prefix cache, sessions and prefix-aware routing
 CACHE = ["--set", "engine.prefix_caching=true"]
 SESSIONS = ["--set", "workload.sessions.turns.max=4"]

@@ -67,6 +67,7 @@ def test_bench_runs_and_checks():
     for policy in ("static", "dynamic", "continuous"):
         assert sum(line.split()[:2] == ["lesson", policy] for line in lines) == 2  # both rates
     assert sum(line.split()[:3] == ["serving", "(h100)", "continuous"] for line in lines) == 3  # light to moderate
+    assert sum(line.split()[:5] == ["closed", "loop", "(h100)", "256", "clients"] for line in lines) == 1
     routers = [re.search(r"\) +(\w+)", line)[1] for line in lines if line.startswith(" fleet (")]
     assert routers == ["round_robin", "least_outstanding", "round_robin"]  # 8 replicas twice, then 2P + 6D
     chat = [re.search(r"\) +(\w+)", line)[1] for line in lines if line.startswith(" chat fleet (")]

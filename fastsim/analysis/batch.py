@@ -54,10 +54,13 @@ def _points(kernel, plan, api_s, requests, room, objectives, rows):
             done[j] += api_s
         kv_steps, kv_capacity, kv_use = kv_totals(blocks, steps, kv_sum, kv_peak)
         counts = (steps, busy, queue, preemptions, kv_steps, kv_capacity, kv_use)
+        prompt_tokens = 0.0
+        for j in range(a, b):
+            prompt_tokens += prompt[j]
         fits, values, flag = small_run(arrival[a:b], output[a:b], first_token[a:b], done[a:b], counts, k,
                                        runs[:nruns], gaps[:ngaps], max_batch, bounds, has_slo, gpus, usd_per_hour,
                                        with_itl, 0.0, busy - (b - a), no_cache, no_cache,
-                                       (arrival[a:b], done[a:b], np.inf))
+                                       (arrival[a:b], done[a:b], np.inf), prompt_tokens)
         if fits:
             for m in range(len(values)):
                 rows[i, m] = values[m]

@@ -22,13 +22,13 @@ import csv
 import json
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..engine import checks
+from ..engine import checks, content as shares
 from ..engine.traffic import Traffic, generate, shared
 from ..model import fleet as pools
 from ..model.fields import LARGEST
@@ -51,7 +51,14 @@ class Measured:
     traffic: Traffic | None = None  # the exact requests, when the file gives their lengths
 
 
+CONCURRENCY = "concurrency"  # a CSV column: closed-loop clients (workload.concurrency), as benchmarks name it
+
+
 def _checked(config: Config, settings: dict[str, Any], where: str) -> Config:
+    """The base ``config`` with a run's ``settings``, checked; a closed loop (``workload.concurrency``)
+    replaces the base's open-loop arrivals."""
+    if settings.get("workload.concurrency") is not None:
+        settings = {"workload.rate": None, "workload.arrival": "poisson", "workload.burstiness": 1.0, **settings}
     try:
         run = config.with_values(settings)
         checks.check(run)
@@ -75,7 +82,7 @@ def read_csv(path: Path, config: Config) -> list[Measured]:
         raise ConfigError(f"{path}: empty (expected a header of config keys and metric names)")
     header = [c.strip() for c in rows[0]]
     for column in header:
-        if column not in LEAF_KEYS and column not in METRICS:
+        if column not in LEAF_KEYS and column not in METRICS and column != CONCURRENCY:
             raise ConfigError(f"{path}: column {column!r} is neither a config key (such as workload.rate) nor a "
                               f"fastsim metric (such as ttft_mean_s; all: {', '.join(METRICS)})")
     metrics = [c for c in header if c in METRICS]
@@ -93,8 +100,9 @@ def read_csv(path: Path, config: Config) -> list[Measured]:
             if column in METRICS:
                 measured[column] = _measurement(path, line, column, cell)
             elif cell:
+                key = "workload.concurrency" if column == CONCURRENCY else column
                 try:
-                    settings[column] = parse_override(f"{column}={cell}")[1]
+                    settings[key] = parse_override(f"{key}={cell}")[1]
                 except ConfigError:
                     raise ConfigError(f"{path}: row {line}, column {column}: cannot read {cell!r} (a value as "
                                       f"--set reads it: a number, a name or null)") from None
@@ -132,11 +140,15 @@ def read_vllm_json(path: Path, config: Config) -> Measured:
         raise ConfigError(f"{path}: not JSON ({exc.msg}, line {exc.lineno})") from None
     if not isinstance(data, dict) or "request_rate" not in data:
         raise ConfigError(f"{path}: not a vllm bench serve result (no request_rate)")
-    if data.get("max_concurrency") is not None:
-        raise ConfigError(f"{path}: max_concurrency {data['max_concurrency']}: a client that holds requests back "
-                          "(a closed loop) is not modelled; measure with --max-concurrency unset")
-    _same_model(path, data, config)
+    clients = data.get("max_concurrency")
+    if clients is not None and not (_is_number(clients) and clients == int(clients) and clients >= 1):
+        raise ConfigError(f"{path}: max_concurrency {clients!r} is not a positive whole number of clients")
     rate = data["request_rate"]
+    at_once = rate == "inf" or (_is_number(rate) and math.isinf(rate))
+    if clients is not None and not at_once:
+        raise ConfigError(f"{path}: max_concurrency {clients} with request_rate {rate}: clients that also pace their "
+                          f"requests are not modelled (a closed loop sends at request_rate inf)")
+    _same_model(path, data, config)
     burstiness = data.get("burstiness", 1.0)
     if not _is_number(burstiness) or not 0 < burstiness < math.inf:
         raise ConfigError(f"{path}: burstiness {burstiness!r} is not a positive number (1: Poisson arrivals)")
@@ -160,21 +172,29 @@ def read_vllm_json(path: Path, config: Config) -> Measured:
                 measured[name] = value / 1e3
     if not measured:
         raise ConfigError(f"{path}: no measured mean_ or median_ of ttft_ms, tpot_ms, itl_ms or e2el_ms")
-    at_once = rate == "inf" or (_is_number(rate) and math.isinf(rate))
     if not at_once and not (_is_number(rate) and rate > 0):
         raise ConfigError(f"{path}: request_rate {rate!r} is neither a positive number nor \"inf\"")
     settings = {"workload.n_requests": n, "workload.rate": 1.0 if at_once else float(rate), "workload.rng": "numpy",
                 "workload.arrival": "poisson" if burstiness == 1 else "gamma", "workload.burstiness": burstiness,
                 "workload.prompt.dist": "fixed", "workload.prompt.value": int(inputs.max()),
                 "workload.output.dist": "fixed", "workload.output.value": int(outputs.max()),
-                "workload.output.max": int(outputs.max()), "workload.trace": None}
+                "workload.output.max": int(outputs.max()), "workload.trace": None, "workload.warmup": 0}
+    if clients is not None:
+        settings.update({"workload.concurrency": int(clients), "workload.rate": None, "workload.arrival": "poisson",
+                         "workload.burstiness": 1.0, "workload.sessions": None})
     run = _checked(config, settings, str(path))  # the longest request must fit the KV cache
-    arrival = np.zeros(n) if at_once else generate(run.workload).arrival_s
+    traffic = shared(run.workload, pools.prefix_cache(run), Traffic(np.zeros(n), inputs, outputs))
+    if clients is not None:  # the first C at t = 0, each later one as a request is done
+        arrival, content = shares.clients(run.workload, shares.none(n) if traffic.content is None else traffic.content)
+        traffic = Traffic(arrival, inputs, outputs, content)
+    elif not at_once:
+        traffic = replace(traffic, arrival_s=generate(run.workload).arrival_s)
     # what is simulated: at request_rate inf every request comes at t = 0 (the run's rate 1.0 only fills the key)
-    shown = {"workload.n_requests": n, "workload.rate": "inf", "workload.arrival": ALL_AT_ONCE} if at_once else {
-        k: settings[k] for k in ("workload.n_requests", "workload.rate", "workload.arrival", "workload.burstiness")}
-    return Measured(path.name, shown, run, measured,
-                    shared(run.workload, pools.prefix_cache(run), Traffic(arrival, inputs, outputs)))
+    shown = ({"workload.n_requests": n, "workload.concurrency": int(clients)} if clients is not None else
+             {"workload.n_requests": n, "workload.rate": "inf", "workload.arrival": ALL_AT_ONCE} if at_once else
+             {k: settings[k] for k in ("workload.n_requests", "workload.rate", "workload.arrival",
+                                       "workload.burstiness")})
+    return Measured(path.name, shown, run, measured, traffic)
 
 
 def _words(name: str) -> set[str]:

@@ -25,8 +25,8 @@ INTEGER_METRICS = catalog.integer_metrics()
 BINS = 4096
 SORT_BELOW = 4096
 LATENCY_PS = (0.5, 0.9, 0.99)  # TTFT's and e2e's quantiles
-TPOT_PS = (0.5, 0.99)
-ITL_PS = (0.5, 0.99)
+TPOT_PS = (0.5, 0.9, 0.99)
+ITL_PS = (0.5, 0.9, 0.99)
 
 
 @jit
@@ -260,24 +260,50 @@ def _sum(a):
 
 
 @jit
-def _values(n, tokens, span, ttft_mean, e2e_mean, q, itl_q, good, has_slo, counts, max_batch, gpus, usd_per_hour):
-    """Every metric but the last (prefix_hit_rate), in the order of :data:`METRICS` (as floats). ``q``: TTFT's and e2e's
-    quantiles at LATENCY_PS, then TPOT's at TPOT_PS; ``itl_q``: ITL's at ITL_PS; ``counts``: the
-    outcome's (steps, busy slot-steps, max_queue, preemptions, KV block-steps, KV capacity
-    block-steps, peak KV use)."""
+def _means(arrival, output, first_token, done, tpot, every_arrival, every_done, start, end):
+    """(TPOT's mean, the mean of 1 / TPOT, ITL's mean: every gap of the measured requests, and
+    the mean requests in flight over [start, end]: every request's time there between its
+    arrival and its completion, over the window's length)."""
+    m = tpot.size
+    inverse = 0.0
+    for v in tpot:
+        inverse += 1.0 / v if v > 0 else np.inf
+    gaps = 0.0
+    count = 0
+    for i in range(arrival.size):
+        if output[i] > 1:
+            gaps += done[i] - first_token[i]
+            count += output[i] - 1
+    flight = 0.0
+    for i in range(every_arrival.size):
+        flight += max(min(every_done[i], end) - max(every_arrival[i], start), 0.0)
+    return (_sum(tpot) / m if m else np.nan, inverse / m if m else np.nan, gaps / count if count else np.nan,
+            flight / (end - start) if end > start else np.nan)
+
+
+@jit
+def _values(n, tokens, prompt_tokens, span, ttft_mean, e2e_mean, q, itl_q, means, good, has_slo, counts, max_batch,
+            gpus, usd_per_hour):
+    """Every metric but the last two (prefix_hit_rate, steady), in the order of :data:`METRICS`
+    (as floats). ``q``: TTFT's and e2e's quantiles at LATENCY_PS, then TPOT's at TPOT_PS;
+    ``itl_q``: ITL's at ITL_PS; ``means``: :func:`_means`; ``counts``: the outcome's (steps, busy
+    slot-steps, max_queue, preemptions, KV block-steps, KV capacity block-steps, peak KV use)."""
     steps, busy, queue, preemptions, kv_steps, kv_capacity, kv_peak = counts
+    tpot_mean, inverse_mean, itl_mean, in_flight = means
     throughput = tokens / span
-    return (throughput, n / span, busy / (steps * max_batch), busy / steps,
-            q[0], q[1], q[2], ttft_mean, q[3], q[4], q[5], e2e_mean, q[6], q[7],
-            float(queue), float(steps), span, float(preemptions), kv_peak,
-            kv_steps / kv_capacity if kv_capacity > 0 else np.nan, itl_q[0], itl_q[1],
+    rates = (throughput, prompt_tokens / span, (tokens + prompt_tokens) / span, throughput / gpus, n / span,
+             busy / (steps * max_batch), busy / steps, in_flight)
+    latencies = (q[0], q[1], q[2], ttft_mean, q[3], q[4], q[5], e2e_mean, q[6], q[7], q[8], tpot_mean,
+                 1.0 / tpot_mean, inverse_mean)
+    return rates + latencies + (float(queue), float(steps), span, float(preemptions), kv_peak,
+            kv_steps / kv_capacity if kv_capacity > 0 else np.nan, itl_q[0], itl_q[1], itl_q[2], itl_mean,
             good / span if has_slo else np.nan, good / n if has_slo else np.nan,
             float(gpus), usd_per_hour, usd_per_hour / (3600e-6 * throughput))
 
 
 @jit
 def small_run(arrival, output, first_token, done, counts, k, runs, gaps, max_batch, bounds, has_slo, gpus,
-              usd_per_hour, with_itl, start, gap_count, cached, prompt, every):
+              usd_per_hour, with_itl, start, gap_count, cached, prompt, every, prompt_tokens):
     """(fits, every metric but the last two, steady) of a run of at most SORT_BELOW measured
     requests, in one compiled call (a sweep runs many such in a row: :mod:`.batch`); ``fits`` is
     False, and the metrics not all set, when its inter-token gaps are too many to list
@@ -285,15 +311,19 @@ def small_run(arrival, output, first_token, done, counts, k, runs, gaps, max_bat
     run's inter-token gaps (its busy slot-steps less every request's first token); ``cached`` and
     ``prompt``: each measured request's cached and prompt tokens under a prefix cache (empty:
     none); ``every``: (arrivals, done times, the arrival process's end) of the whole run
-    (:func:`halves`). Without ``with_itl``, the ITL quantiles are NaN (not computed)."""
+    (:func:`halves`); ``prompt_tokens``: the measured requests' in all. Without ``with_itl``, the
+    ITL quantiles are NaN (not computed)."""
     n = arrival.size
     ttft, e2e, tpot, good = _latencies(arrival, output, first_token, done, bounds[0], bounds[1], bounds[2])
     fits, itl_q = itl.listed_quantiles(k, runs, gaps, gap_count if with_itl else 0, ITL_PS)
     tokens = np.int64(0)  # not the literal 0, which would compile _values a second time
     for o in output:
         tokens += o
-    values = _values(n, tokens, largest(done) - start, _sum(ttft) / n, _sum(e2e) / n,
-                     _small_quantiles(ttft, e2e, tpot), itl_q, good, has_slo, counts, max_batch, gpus, usd_per_hour)
+    end = largest(done)
+    means = _means(arrival, output, first_token, done, tpot, every[0], every[1], start, end)
+    values = _values(n, tokens, prompt_tokens, end - start, _sum(ttft) / n, _sum(e2e) / n,
+                     _small_quantiles(ttft, e2e, tpot), itl_q, means, good, has_slo, counts, max_batch, gpus,
+                     usd_per_hour)
     stats, checked = halves(arrival, first_token, cached, prompt, every[0], every[1], every[2])
     return fits, values, steady.judge(stats, checked, cached.size > 0)
 
@@ -319,7 +349,8 @@ def compute(arrival: np.ndarray, output: np.ndarray, first_token: np.ndarray, do
             max_batch: int, slo: tuple[float | None, float | None, float | None] = (None, None, None), gpus: int = 1,
             usd_per_hour: float = float("nan"), with_itl: bool = True, start: float = 0.0,
             cached: np.ndarray | None = None, prompt: np.ndarray | None = None,
-            every: tuple[np.ndarray, np.ndarray, float] | None = None) -> dict[str, float]:
+            every: tuple[np.ndarray, np.ndarray, float] | None = None, prompt_tokens: float = np.nan
+            ) -> dict[str, float]:
     """Every metric of :data:`METRICS` for one simulated scenario, an engine's or a fleet's, over
     its measured requests (``arrival`` ... ``done``: theirs; all must have finished) in the window
     from ``start`` (0, or the first measured arrival after a warm-up) to the last completion;
@@ -328,8 +359,9 @@ def compute(arrival: np.ndarray, output: np.ndarray, first_token: np.ndarray, do
     backlog the steady-state check reads (:func:`halves`); ``slo`` is (TTFT, TPOT, e2e) objectives in seconds, None where not set;
     ``gpus`` and ``usd_per_hour`` the fleet's; ``cached`` and ``prompt``: each measured request's
     cached and prompt tokens under a prefix cache (None: no prefix cache); without ``with_itl``,
-    the ITL quantiles are NaN (not computed: the costliest metric, which a fit may not need).
-    Step counters (steps, slot use, batch, queue, preemptions, KV use) and ITL are the whole run's."""
+    the ITL quantiles are NaN (not computed: the costliest metric, which a fit may not need);
+    ``prompt_tokens``: the measured requests' in all (NaN: input throughputs unknown). Step
+    counters (steps, slot use, batch, queue, preemptions, KV use) and ITL quantiles are the whole run's."""
     bounds, has_slo = slo_bounds(slo)
     counts = (out.steps, out.busy_slot_steps, out.max_queue, out.preemptions, out.kv_block_steps,
               out.kv_capacity_steps, out.kv_peak_use)
@@ -341,7 +373,7 @@ def compute(arrival: np.ndarray, output: np.ndarray, first_token: np.ndarray, do
     if n <= SORT_BELOW:  # a small run: every metric in one compiled call
         fits, values, flag = small_run(arrival, output, first_token, done, counts, out.k, out.runs, out.gaps_s,
                                        max_batch, bounds, has_slo, gpus, usd_per_hour, with_itl, start, gap_count,
-                                       cached, prompt, every)
+                                       cached, prompt, every, prompt_tokens)
         if fits:
             return named(values + (hit_rate, flag))
     ttft, e2e, tpot, good = _latencies(arrival, output, first_token, done, *bounds)
@@ -350,5 +382,7 @@ def compute(arrival: np.ndarray, output: np.ndarray, first_token: np.ndarray, do
     means = float(ttft.sum()) / n, float(e2e.sum()) / n  # NumPy's sums, as _sum's
     stats, checked = halves(arrival, first_token, cached, prompt, *every)
     flag = steady.judge(stats, checked, cached.size > 0)
-    return named(_values(n, int(output.sum()), float(done.max()) - start, *means, q, itl_q, good, has_slo, counts,
-                         max_batch, gpus, usd_per_hour) + (hit_rate, flag))
+    end = float(done.max())
+    more = _means(arrival, output, first_token, done, tpot, every[0], every[1], start, end)
+    return named(_values(n, int(output.sum()), prompt_tokens, end - start, *means, q, itl_q, more, good, has_slo,
+                         counts, max_batch, gpus, usd_per_hour) + (hit_rate, flag))

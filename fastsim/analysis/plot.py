@@ -1,7 +1,8 @@
 """Figures of sweep, capacity and plan datasets with matplotlib (the optional ``plot`` extra).
 
-One panel per metric (rows) and per value of a ``col`` axis (columns), one line per value of a
-``hue`` axis, against an ``x`` axis. Left unset, they come from the dataset's axes in its order:
+A frontier dataset (:mod:`.frontier`) is drawn as the benchmark chart, throughput per GPU
+against interactivity, one line per candidate. Otherwise one panel per metric (rows) and per
+value of a ``col`` axis (columns), one line per value of a ``hue`` axis, against an ``x`` axis. Left unset, they come from the dataset's axes in its order:
 x is ``rate`` (or the first axis), hue the next axis with several values, col the one after; an
 axis beyond those must be selected with ``--sel``, and the error names it. Labels are each
 variable's long name with its units, the selected values go in the title, a metric spanning more
@@ -20,6 +21,7 @@ import yaml
 
 from .._atomic import atomic_path, check_writable
 from ..model.schema import ConfigError
+from . import frontier
 from .catalog import METRICS
 from .compare import open_dataset
 
@@ -100,6 +102,7 @@ def figure(path: Path, out: Path, x: str | None = None, ys: list[str] | None = N
     except ImportError:
         raise ConfigError("fastsim plot needs matplotlib: pip install 'fastsim[plot]'") from None
     ds = open_dataset(path)
+    ys_given = bool(ys)
     config = yaml.safe_load(ds.attrs.get("config", "")) or {}
     out = Path(out)
     fixed = []
@@ -130,6 +133,8 @@ def figure(path: Path, out: Path, x: str | None = None, ys: list[str] | None = N
                               f"numeric metrics: {', '.join(v for v in ds.data_vars if ds[v].dtype.kind in 'fiub')}")
     if plan:
         fig = _plan_figure(plt, ds, ys)
+    elif "on_frontier" in ds.data_vars and not (ys_given or x or hue or col):
+        fig = _frontier_figure(plt, ds)
     else:
         x, hue, col = _defaults(ds, x, hue, col)
         if x is None:
@@ -180,6 +185,29 @@ def _line_figure(plt, ds, ys: list[str], x: str, hue: str | None, col: str | Non
             if hue is not None or bound is not None:
                 ax.legend(fontsize="small")
             ax.grid(True, alpha=0.3)
+    return fig
+
+
+def _frontier_figure(plt, ds):
+    """The benchmark chart of a frontier dataset: output tokens/s per GPU against tokens/s per
+    user, one line per candidate through its concurrencies, the frontier drawn over them."""
+    clients = "concurrency"
+    others = [d for d in ds.dims if d != clients]
+    flat = ds.stack(candidate=others) if others else ds.expand_dims("candidate")
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    for c in range(flat.sizes["candidate"]):
+        point = flat.isel(candidate=c)
+        name = ", ".join(f"{d}={point[d].values.item()}" for d in others) or "the config"
+        ax.plot(point[frontier.X].values, point[frontier.Y].values, marker="o", markersize=3, linewidth=1,
+                alpha=0.8, label=name)
+    on = ds["on_frontier"].values.astype(bool)
+    x, y = ds[frontier.X].values[on], ds[frontier.Y].values[on]
+    order = np.argsort(x)
+    ax.plot(x[order], y[order], color="black", linewidth=2.5, alpha=0.35, label="frontier")
+    ax.set_xlabel(_label(ds[frontier.X]))
+    ax.set_ylabel(_label(ds[frontier.Y]))
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="x-small", ncol=2 if flat.sizes["candidate"] > 8 else 1)
     return fig
 
 

@@ -83,14 +83,15 @@ def measure(config: Config, traffic: Traffic, out: Outcome, with_itl: bool = Tru
     return metrics.compute(arrival[m], traffic.output_tokens[m], out.first_token_s[m], out.done_s[m], out,
                            config.engine.max_batch, (slo.ttft_s, slo.tpot_s, slo.e2e_s), pools.gpus(config),
                            pools.usd_per_hour(config), with_itl, start, cached,
-                           traffic.prompt_tokens[m] if caching else None, (arrival, out.done_s, given_end(traffic)))
+                           traffic.prompt_tokens[m] if caching else None, (arrival, out.done_s, given_end(traffic)),
+                           float(traffic.prompt_tokens[m].sum(dtype=np.float64)))
 
 
 def given_end(traffic: Traffic) -> float:
     """The arrival process's last arrival: the last given one (after it, a session's turns come
     as the fleet drains)."""
-    if traffic.content is None or not traffic.content.closed_loop:
-        return np.inf
+    if traffic.content is None or not traffic.content.closed_loop or traffic.content.clients:
+        return np.inf  # (closed-loop clients send until every request is sent)
     return float(np.nanmax(traffic.arrival_s))
 
 

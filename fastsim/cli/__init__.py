@@ -1,7 +1,7 @@
 """The ``fastsim`` command: parses arguments, calls the Python API, prints. Nothing else.
 
 Commands by what they do: :mod:`.simulate` (run, sweep, bench, presets), :mod:`.planning`
-(capacity, plan), :mod:`.calibration` (calibrate), :mod:`.results` (compare, plot);
+(capacity, plan, frontier), :mod:`.calibration` (calibrate), :mod:`.results` (compare, plot);
 :mod:`.common` holds what they share."""
 
 from __future__ import annotations

@@ -95,3 +95,43 @@ def plan(
         for note in notes:
             out.print(note)
     notices(cfg)
+
+
+@command
+def frontier(
+    config: ConfigArg,
+    set_: SetOpt = None,
+    concurrency: Annotated[
+        Optional[str], typer.Option(help="Clients, comma-separated (default: the config's workload.concurrency "
+                                         "axis, else 1,2,4,...,1024).")
+    ] = None,
+    out_path: Annotated[
+        Optional[Path], typer.Option("--out", help="netCDF output (default: results/<config name>-frontier.nc).")
+    ] = None,
+    workers: WorkersOpt = None,
+    scheduler: SchedulerOpt = None,
+    resume: ResumeOpt = False,
+    quiet: QuietOpt = False,
+    max_memory_: MaxMemoryOpt = None,
+) -> None:
+    """Throughput per GPU against interactivity: every candidate of the grid (any axis but the
+    load) under closed-loop clients at each concurrency, the frontier marked."""
+    from ..api import ConfigError, frontier_rows, frontier_to_file
+
+    with user_errors():
+        cfg = load(config, set_)
+        limit = max_memory(max_memory_)
+        clients = None
+        if concurrency is not None:
+            try:
+                clients = [int(c) for c in concurrency.split(",")]
+            except ValueError:
+                raise ConfigError(f"--concurrency {concurrency!r}: whole numbers of clients, comma-separated") from None
+    destination = out_path or Path("results") / f"{config.stem}-frontier.nc"
+    started = time.perf_counter()
+    grid, table, on = run_to_file("frontier", quiet, destination, lambda on_progress: frontier_to_file(
+        cfg, destination, clients, workers, scheduler, resume, on_progress, limit))
+    err.print(f"wrote {destination} ({on.size} points in {time.perf_counter() - started:.1f} s)")
+    title, headers, rows, labels = frontier_rows(grid, table, on)
+    print_table(title, headers, rows, left=labels)
+    notices(cfg)

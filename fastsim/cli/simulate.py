@@ -114,7 +114,7 @@ def bench(
     print_table(
         f"fastsim bench: {n:,} requests, one core, pid {os.getpid()}",
         ["model", "policy/router", "rate/s", "steps/req", "first call", "kernel", "kernel req/s", "end-to-end req/s"],
-        [[r.model, r.policy, f"{r.rate:g}", f"{r.steps / r.n_requests:.1f}", f"{r.first_call_s * 1e3:.0f} ms",
+        [[r.model, r.policy, "closed" if r.rate is None else f"{r.rate:g}", f"{r.steps / r.n_requests:.1f}", f"{r.first_call_s * 1e3:.0f} ms",
           f"{r.kernel_s * 1e3:.1f} ms", f"{r.kernel_rps / 1e6:.2f} M", f"{r.end_to_end_rps / 1e6:.2f} M"]
          for r in rows],
         left=2,

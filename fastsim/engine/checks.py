@@ -28,7 +28,7 @@ from . import trace
 def _workload_is_whole(config: Config) -> None:
     w = config.workload
     for key, value in (("rate", w.rate), ("n_requests", w.n_requests)):
-        if value is None and w.trace is None:
+        if value is None and w.trace is None and not (key == "rate" and w.concurrency is not None):
             raise ConfigError(f"workload.{key}: null (as recorded) needs a workload.trace")
     if w.rng == "stdlib":  # the lesson's stream: Poisson arrivals, fixed prompts, its output lengths
         for key, value, lesson in (("arrival", w.arrival, "poisson"), ("prompt.dist", w.prompt.dist, "fixed"),
@@ -110,27 +110,36 @@ def _steps_are_finite(config: Config, tokens: int, key: Callable[[str], str]) ->
 
 
 def _prefix_cache(config: Config) -> None:
-    """What prefix caching, system prompts and sessions need."""
+    """What prefix caching, system prompts, sessions and closed-loop clients need."""
     e, w, f = config.engine, config.workload, config.fleet
-    if w.sessions is not None and e.policy != "continuous":
-        raise ConfigError(f"workload.sessions needs engine.policy continuous (got {e.policy})")
+    loop = "workload.sessions" if w.sessions is not None else "workload.concurrency"
+    if (w.sessions is not None or w.concurrency is not None) and e.policy != "continuous":
+        raise ConfigError(f"{loop} needs engine.policy continuous (got {e.policy})")
     cached = fleet.cached(config)  # static and dynamic batching have no prefix cache: the key is moot there
     caching = fleet.prefix_cache(config)
-    what = "engine.prefix_caching" if caching else "workload.sessions"
+    what = "engine.prefix_caching" if caching else loop
     off = "; or set engine.prefix_caching=false" if caching else ""
     if cached and e.kv_alloc != "paged":
         raise ConfigError(f"{what} needs engine.kv_alloc paged (got {e.kv_alloc}){off}")
     if cached and kv_blocks(config) is None:
         raise ConfigError(f"{what} needs a KV cache of known size: set hardware.mem_gb (a hardware.preset does) "
                           f"or engine.kv_cache_gb{off}")
-    if w.sessions is not None:
+    if w.concurrency is not None:
+        if w.sessions is not None:
+            raise ConfigError("workload.concurrency: not with workload.sessions (closed-loop clients send "
+                              "independent requests; a session's turns are their own closed loop)")
         if w.trace is not None:
-            raise ConfigError("workload.sessions: not with a workload.trace (a trace records its own arrivals)")
-        if w.rng != "numpy":
-            raise ConfigError("workload.sessions needs workload.rng: numpy")
-        if w.prefix_tokens and not e.prefix_caching:
-            raise ConfigError("workload.prefix_tokens with workload.sessions needs engine.prefix_caching: true (the "
-                              "prefix is then a cached system prompt; a pinned one is not modelled in sessions)")
+            raise ConfigError("workload.concurrency: not with a workload.trace (a trace records its own arrivals)")
+        if w.warmup_window[0] == "seconds":
+            raise ConfigError(f"workload.warmup {w.warmup!r} with workload.concurrency: give a number of requests "
+                              f"(closed-loop clients send as requests complete, which the run decides)")
+    if (w.sessions is not None or w.concurrency is not None) and w.rng != "numpy":
+        raise ConfigError(f"{loop} needs workload.rng: numpy")
+    if w.sessions is not None and w.prefix_tokens and not e.prefix_caching:
+        raise ConfigError("workload.prefix_tokens with workload.sessions needs engine.prefix_caching: true (the "
+                          "prefix is then a cached system prompt; a pinned one is not modelled in sessions)")
+    if w.sessions is not None and w.trace is not None:
+        raise ConfigError("workload.sessions: not with a workload.trace (a trace records its own arrivals)")
     if w.system_prompts is not None and w.prefix_tokens:
         raise ConfigError("workload.system_prompts: give it or workload.prefix_tokens (one system prompt), not both")
     sp = w.system_prompts
@@ -238,11 +247,12 @@ def steps_fit(config: Config, output_tokens: float, prompt_tokens: float) -> Non
 
 
 WORKLOAD_KEYS = ("workload.rate", "workload.n_requests", "workload.trace", "workload.rng", "workload.arrival",
+                 "workload.concurrency",
                  "workload.prompt.dist", "workload.output.dist")
 # What the engine checks read: a sweep runs them on every combination of the axes under these.
 ENGINE_KEYS = ("hardware.", "model.", "engine.", "fleet.", "workload.prompt.", "workload.output.",
                "workload.prefix_tokens", "workload.trace", "workload.system_prompts", "workload.sessions",
-               "workload.rng")
+               "workload.rng", "workload.concurrency", "workload.warmup")
 
 CHECKS: list[tuple[tuple[str, ...], Callable[[Config], None]]] = [
     (WORKLOAD_KEYS, _workload_is_whole),

@@ -13,6 +13,10 @@ k's prompt + output + a follow-up; outputs from ``workload.output``; a later tur
 think time after the turn before it is done (``think_s``; the kernel sets its arrival). Streams
 of their own (children of the workload seed): turns 5, follow-ups 6, think times 7, groups 8;
 arrivals 0, outputs 1 and prompts 2 as for independent requests.
+
+Closed-loop clients (``concurrency``) are content too: requests that share nothing (or system
+prompts), whose arrivals after the first C the run sets (:func:`clients`); their think times come
+from stream 7.
 """
 
 from __future__ import annotations
@@ -40,12 +44,13 @@ class Content:
     session: np.ndarray  # int64 (n,): -1 outside sessions
     turn: np.ndarray  # int64 (n,): 1, 2, ... within a session; 0 outside
     system_prompt: np.ndarray  # int64 (n,): the request's group, -1 without
-    think_s: np.ndarray  # float64 (n,): a later turn's think time; NaN: its arrival is given
+    think_s: np.ndarray  # float64 (n,): a later turn's (or client's request's) think time; NaN: its arrival is given
+    clients: int = 0  # closed-loop clients (workload.concurrency): request j >= clients is sent after one is done
 
     @property
     def closed_loop(self) -> bool:
-        """Some arrivals depend on completions (sessions)."""
-        return bool(np.any(self.turn > 1))
+        """Some arrivals depend on completions (sessions, closed-loop clients)."""
+        return self.clients > 0 or bool(np.any(self.turn > 1))
 
 
 def none(n: int) -> Content:
@@ -88,7 +93,10 @@ def with_system_prompts(w: Workload, n: int) -> Content:
 
 
 def think_times(w: Workload, n: int) -> np.ndarray:
-    t = w.sessions.think_s
+    """``n`` think times of the sessions' (or the closed-loop clients') distribution."""
+    t = w.sessions.think_s if w.sessions is not None else w.think_s
+    if t is None:  # clients without think time
+        return np.zeros(n)
     if t.dist == "fixed":
         return np.full(n, t.value)
     rng = stream(w.seed, THINK)
@@ -115,6 +123,21 @@ def sessions(w: Workload, starts: np.ndarray, first_prompt: np.ndarray, output: 
     think = np.where(turn > 1, think_times(w, n), np.nan)
     c = none(n)
     return arrival, prompt, output, Content(parent, shared, c.hash_start, c.hash_ids, 1, session, turn, system, think)
+
+
+def clients(w: Workload, c: Content) -> tuple[np.ndarray, Content]:
+    """Closed-loop clients (``workload.concurrency`` C) over requests ``c`` (what they share:
+    system prompts or nothing): client k sends request k at k ramp_s / C; every later request is
+    taken, in order, by the first client whose request is done, and sent its think time after.
+    Returns the given arrivals (NaN for the requests the run releases) and the content."""
+    n = c.think_s.size
+    first = min(w.concurrency, n)
+    arrival = np.full(n, np.nan)
+    arrival[:first] = np.arange(first) * (w.ramp_s / w.concurrency)
+    think = think_times(w, n)
+    think[:first] = np.nan
+    return arrival, Content(c.parent, c.shared, c.hash_start, c.hash_ids, c.hash_block, c.session, c.turn,
+                            c.system_prompt, think, w.concurrency)
 
 
 def chat_tree(c: Content, prompt: np.ndarray, output: np.ndarray) -> tuple[np.ndarray, np.ndarray, int] | None:

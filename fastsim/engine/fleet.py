@@ -147,7 +147,11 @@ def run(config: Config, traffic: Traffic, scratch: Scratch | None = None) -> Out
         out = _pool(plan, path.loop, path.router, f.replicas, arrival, prompt, output, draws, scratch)
     if path.fleet == "cached" and not path.shares and pools.prefix_cache(config):
         out = _no_hits(out)  # a cache over requests that share nothing (the plan's REHIT counts re-admissions)
+    unstalled = out.done_s.copy() if closed and content.clients and config.calibration.stall_rate_hz else None
     stalls.apply(config, out.arrivals(arrival), out.first_token_s, out.done_s, out.replica, out.prefill_replica)
+    if unstalled is not None:  # a client waits for the stalls it sees
+        stalls.hold_clients(out.arrival_s, out.first_token_s, out.done_s, unstalled, content.think_s,
+                            config.calibration.api_overhead_ms / 1000, content.clients)
     return with_api(out, config.calibration.api_overhead_ms / 1000)
 
 
@@ -191,7 +195,7 @@ def _shared(config: Config, p: Plan, traffic: Traffic, tree: tuple | None, draws
     pb = 0 if caching else p.prefix_blocks
     rules = Rules(p.limit, bt, pb, False, p.max_output, p.lookahead, p.api_s)
     routing = routing_of(code, (pre_draws if npre else draws).astype(np.int64), f.prefix_weight, think, link_s,
-                         draws.astype(np.int64), NO_TIMES, prefill=npre > 0)
+                         draws.astype(np.int64), NO_TIMES, prefill=npre > 0, clients=c.clients)
     pre = Pool(npre, frozen(pre_plan.k), pre_plan.budget, pre_plan.blocks, pre_slack)
     dec = Pool(f.replicas, frozen(p.k), p.budget, p.blocks, dec_slack)
     scratch = Scratch() if scratch is None else scratch

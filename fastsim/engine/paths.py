@@ -51,12 +51,12 @@ def of(config: Config, shared: bool | None = None, tree: bool = True, closed: bo
     shared. ``tree``: whether what they share is a chat tree (system prompts, sessions:
     :func:`.content.chat_tree`), which the serving loop's cache holds; a trace's recorded
     sharing is not. ``closed``: whether some arrivals wait for completions (later turns of
-    sessions; None: whether the workload has sessions)."""
+    sessions, requests of closed-loop clients; None: whether the workload has sessions or clients)."""
     f, w = config.fleet, config.workload
     kind = pools.kind(config)
-    closed = w.sessions is not None if closed is None else closed
-    if shared is None:
-        shared = (w.sessions is not None or w.system_prompts is not None
+    closed = (w.sessions is not None or w.concurrency is not None) if closed is None else closed
+    if shared is None:  # (closed-loop clients' requests are content: their arrivals wait for completions)
+        shared = (closed or w.system_prompts is not None
                   or (pools.prefix_cache(config) and (bool(w.prefix_tokens) or w.trace is not None)))
         tree = tree and w.trace is None
     held = RUNS if tree else BLOCKS

@@ -154,25 +154,55 @@ def _timeline(config: Config, replica: int, pool: int, span: float):
 def apply(config: Config, arrival: np.ndarray, first: np.ndarray, done: np.ndarray, replica: np.ndarray | None,
           prefill_replica: np.ndarray | None = None) -> None:
     """Delay ``first`` and ``done`` (engine times, in place) by the stalls each request waits
-    for. ``arrival``: non-decreasing; ``replica``: each request's (decode) replica (None: one
-    engine); ``prefill_replica``: its prefill replica, with a prefill pool."""
+    for. ``replica``: each request's (decode) replica (None: one engine); ``prefill_replica``: its
+    prefill replica, with a prefill pool."""
     if not config.calibration.stall_rate_hz or not len(arrival):
         return
+    ordered = not (np.diff(arrival) < 0).any()  # (sessions and clients number requests as they are taken)
+    order = np.arange(arrival.size) if ordered else np.argsort(arrival, kind="stable")
     span = float(done.max()) + 1.0
     rate = config.calibration.stall_rate_hz
     if not rate * span <= MAX_STALLS:
         raise ConfigError(f"calibration.stall_rate_hz ({rate:g}/s) over this run's {span:.3g} s is {rate * span:.3g} "
                           f"stalls a replica, more than fastsim draws ({MAX_STALLS:.0e}): set it to 0 (no jitter) "
                           "for a run this long, or raise workload.rate")
-    none = np.empty(0, np.int64)
     if replica is None:
-        _delay(*_timeline(config, 0, 0, span), arrival, first, done, none, True, True)
+        _delay(*_timeline(config, 0, 0, span), arrival, first, done, np.empty(0, np.int64) if ordered else order,
+               True, True)
         return
     colocated = prefill_replica is None  # else the first token's wait is on the prefill replica
     for r in np.unique(replica[replica >= 0]):  # (decode windows first: they start at the unstalled first token)
-        _delay(*_timeline(config, int(r), 0, span), arrival, first, done, np.flatnonzero(replica == r), colocated,
+        _delay(*_timeline(config, int(r), 0, span), arrival, first, done, order[replica[order] == r], colocated,
                True)
     if not colocated:
         for r in np.unique(prefill_replica):
-            _delay(*_timeline(config, int(r), 1, span), arrival, first, done, np.flatnonzero(prefill_replica == r),
+            _delay(*_timeline(config, int(r), 1, span), arrival, first, done, order[prefill_replica[order] == r],
                    True, False)
+
+
+def hold_clients(arrival: np.ndarray, first: np.ndarray, done: np.ndarray, unstalled: np.ndarray,
+                 think: np.ndarray, api_s: float, clients: int) -> None:
+    """Closed-loop clients send their next request when they see the last one done: a stall that
+    delays a request's last token (``done`` beyond ``unstalled``) delays its client's later
+    requests as much. Each request the run released (every one after the first ``clients``) is
+    sent the API overhead ``api_s`` and its think time after the one before it is done, and its
+    tokens move with it (engine times, in place). The run
+    released them in order of the completions that freed their clients; they are matched again
+    here, the earliest release to the earliest completion (clients freed by one step are alike)."""
+    n = arrival.size
+    if n <= clients:
+        return
+    released = np.arange(clients, n)
+    freed = np.argsort(unstalled, kind="stable")[:n - clients]  # the completions that freed a client
+    sent = released[np.argsort(arrival[released] - think[released], kind="stable")]
+    _hold(arrival, first, done, think, api_s, freed, sent)
+
+
+@jit
+def _hold(arrival, first, done, think, api_s, freed, sent):
+    for m in range(sent.size):  # (a request frees its client after it was sent: its times are moved by then)
+        i, j = freed[m], sent[m]
+        t = done[i] + api_s + think[j]  # when the client sees ``i`` done, and its think time
+        first[j] += t - arrival[j]
+        done[j] += t - arrival[j]
+        arrival[j] = t

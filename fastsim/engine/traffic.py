@@ -15,6 +15,8 @@ sorted by arrival. Sources:
   moves another.
 - the random router's choices (:func:`routes`) come from two more child streams of the same
   seed, one per pool.
+- ``concurrency``: closed-loop clients send those requests (:func:`.content.clients`): the first
+  ``concurrency`` at t=0 (or spread over ``ramp_s``), each later one when a request is done.
 - ``trace``: the first n_requests of a recorded trace (:mod:`fastsim.engine.trace`), its arrival times
   rescaled to ``rate`` unless that is null.
 """
@@ -106,6 +108,10 @@ def _drawn(w: Workload, caching: bool, kv_tokens: int | None) -> Traffic:
                        recorded.output_tokens[:n].copy(), trace.content(recorded, n, w.trace_hash_block))
     if w.sessions is not None:
         return _sessions(w, kv_tokens)
+    if w.concurrency is not None:  # the same requests, sent by clients
+        t = generate(w.model_copy(update={"concurrency": None, "rate": 1.0}), caching)
+        arrival, content = shares.clients(w, t.content if t.content is not None else shares.none(len(t)))
+        return Traffic(arrival, t.prompt_tokens, t.output_tokens, content)
     if w.system_prompts is not None or (caching and w.prefix_tokens):
         return shared(w, caching, generate(w.model_copy(update={"system_prompts": None, "prefix_tokens": 0})))
     if w.rng == "stdlib":  # the lesson's stream: fixed prompts, lognormal or fixed outputs

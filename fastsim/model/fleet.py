@@ -56,9 +56,10 @@ def as_run(config: Config) -> Config:
 
 
 def cached(config: Config) -> bool:
-    """True when the engines run the prefix-caching loop: a prefix cache, or sessions (whose
-    arrivals wait for completions)."""
-    return prefix_cache(config) or config.workload.sessions is not None
+    """True when the engines run the prefix-caching loop: a prefix cache, or sessions or
+    closed-loop clients (whose arrivals wait for completions)."""
+    w = config.workload
+    return prefix_cache(config) or w.sessions is not None or w.concurrency is not None
 
 
 def kind(config: Config) -> str:

@@ -1,6 +1,7 @@
 """Token-length distributions (a workload's prompts and outputs).
 
-``fixed`` is ``value``; ``uniform`` the integers ``min``..``max``; ``lognormal`` is
+``fixed`` is ``value``; ``uniform`` the integers ``min``..``max`` (or, given ``value`` and a
+``range_ratio`` r as benchmark clients take them, ceil(r x value)..value); ``lognormal`` is
 int(exp(N(mu, sigma))) clamped to ``min``..``max``, where ``mu`` and ``sigma`` are the mean and
 standard deviation of the *log* of the length. People describe lengths in tokens, so a lognormal
 may instead be given by its ``median`` (tokens: mu = ln median) and its ``p90`` (tokens: the
@@ -26,13 +27,32 @@ SIGMA = "lognormal: standard deviation of the log of the length"
 
 class _Lengths(Section):
     dist: Literal["fixed", "lognormal", "uniform"]
+    range_ratio: float | None = Field(None, gt=0, le=1, **Finite, **doc(
+        "with value: uniform between range_ratio x value and value, as vLLM bench's --random-range-ratio "
+        "(sets dist uniform, min and max; null: not used)", "fraction"))
     median: float | None = Field(None, gt=0, **Finite, **doc("lognormal: the median length (sets mu = ln median)",
                                                               "tokens"))
     p90: float | None = Field(None, gt=0, **Finite, **doc(
         "lognormal: the unclamped 90th percentile (sets sigma = ln(p90 / median) / 1.2816)", "tokens"))
 
+    @model_validator(mode="before")
+    @classmethod
+    def _range(cls, data):
+        """``value`` and ``range_ratio`` r: the integers ceil(r x value)..value, drawn uniformly."""
+        if isinstance(data, dict) and data.get("range_ratio") is not None:
+            r, value = data["range_ratio"], data.get("value", cls.model_fields["value"].default)
+            if isinstance(r, (int, float)) and isinstance(value, int) and 0 < r <= 1:
+                low = max(math.ceil(r * value - 1e-9), 1 if cls is Output else 0)
+                for key, want in (("dist", "uniform"), ("min", low), ("max", value)):
+                    if key in data and data[key] != want:
+                        raise ValueError(f"range_ratio {r:g} of value {value} sets {key} to {want} (got {data[key]})")
+                data = {**data, "dist": "uniform", "min": low, "max": value}
+        return data
+
     @model_validator(mode="after")
     def _consistent(self) -> _Lengths:
+        if self.range_ratio is not None and self.dist != "uniform":
+            raise ValueError("range_ratio needs value (it draws uniform lengths from range_ratio x value to value)")
         if self.min > self.max:
             raise ValueError(f"min ({self.min}) must not exceed max ({self.max})")
         if self.dist != "lognormal":

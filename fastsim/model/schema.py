@@ -14,8 +14,7 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import BaseModel, Field, PlainValidator, ValidationError, field_validator, model_validator
 
 from .fields import ConfigError, Finite, Int, Section, _integral, doc  # ConfigError: imported from here by every layer
-from .lengths import Output, Prompt
-from .prefix import Sessions, SystemPrompts
+from .workload import WARMUP_UNITS, Workload, _seconds  # noqa: F401 (the section, and names others import from here)
 from . import routers
 from .hardware_model import Hardware, Model
 from .presets import HARDWARE
@@ -69,85 +68,6 @@ class Engine(Section):
     def limit(self) -> int:
         """Most sequences running at once: min(max_batch, max_concurrent)."""
         return self.max_batch if self.max_concurrent is None else min(self.max_batch, self.max_concurrent)
-
-
-WARMUP_UNITS = {"ms": 1e-3, "s": 1.0, "min": 60.0, "h": 3600.0}
-
-
-def _seconds(text: str) -> float:
-    """A duration: a number and a unit of WARMUP_UNITS (``30 s``, ``2min``); KeyError or
-    ValueError if it is not one."""
-    number = text.rstrip("abcdefghijklmnopqrstuvwxyz")
-    return float(number) * WARMUP_UNITS[text[len(number):]]
-
-
-def _warmup(value: Any) -> int | str:
-    """Requests (a whole number >= 0) or a duration (:func:`_seconds`)."""
-    if isinstance(value, str):
-        text = value.strip()
-        try:
-            seconds = _seconds(text)
-        except (ValueError, KeyError):
-            raise ValueError(f"a number of requests, or a duration with a unit of {', '.join(WARMUP_UNITS)} "
-                             f"(e.g. 30 s; got {value!r})") from None
-        if not 0 <= seconds < float("inf"):
-            raise ValueError(f"a duration of 0 or more (got {value!r})")
-        return text
-    whole = _integral(value)
-    if isinstance(whole, bool) or not isinstance(whole, int) or whole < 0:
-        raise ValueError(f"a whole number of requests (0 or more), or a duration such as 30 s (got {value!r})")
-    return whole
-
-
-class Workload(Section):
-    n_requests: Int | None = Field(3000, ge=1, **doc(
-        "requests simulated and measured, after the warm-up (with a trace: its first n after the warm-up; "
-        "null: all of it)", "requests"))
-    warmup: Annotated[int | str, PlainValidator(_warmup)] = Field(0, **doc(
-        "requests run first and left out of every per-request metric, as benchmark clients do: a number of "
-        "requests, or a duration (30 s: those arriving before it; with sessions, the sessions starting "
-        "before it)", "requests or time"))
-    rate: float | None = Field(8.0, gt=0, **Finite, **doc(
-        "mean arrival rate; a trace's arrival times are rescaled to it (null: as recorded)", "requests/s"))
-    seed: Int = Field(7, ge=0, **doc("seed of every random stream of the traffic"))
-    rng: Literal["stdlib", "numpy"] = Field("numpy", **doc(
-        "numpy: fast vectorised streams; stdlib: Python's random, the lesson's exact traffic"))
-    prompt: Prompt = Prompt()
-    output: Output = Output()
-    prefix_tokens: Int = Field(0, ge=0, **doc(
-        "a shared prefix every prompt starts with: whole blocks of it pinned and never recomputed; with "
-        "engine.prefix_caching, one system prompt cached like any content", "tokens"))
-    system_prompts: SystemPrompts | None = Field(None, **doc(
-        "system prompts shared by groups of requests (needs engine.prefix_caching to be reused)"))
-    sessions: Sessions | None = Field(None, **doc(
-        "multi-turn sessions: rate counts sessions, each turn re-sends the conversation so far"))
-    arrival: Literal["poisson", "gamma", "constant"] = Field("poisson", **doc(
-        "poisson: exponential gaps; gamma: gamma gaps of shape burstiness; constant: every 1/rate, from 1/rate"))
-    burstiness: float = Field(1.0, gt=0, **Finite, **doc(
-        "gamma arrivals' shape: 1 is Poisson, below 1 burstier, above 1 smoother (vLLM bench's --burstiness)"))
-    trace: str | None = Field(None, **doc(
-        "a recorded trace (CSV, or JSON lines with hash_ids) replacing arrivals and lengths; relative to the "
-        "config file that names it"))
-    trace_hash_block: Int = Field(512, ge=1, **doc("tokens per hash id of a JSON-lines trace", "tokens"))
-
-    @model_validator(mode="after")
-    def _warmup_below_measured(self) -> Workload:
-        if isinstance(self.warmup, int) and self.n_requests is not None and self.warmup >= self.n_requests:
-            raise ValueError(f"workload.warmup ({self.warmup} requests) must be below workload.n_requests "
-                             f"({self.n_requests}, the requests measured after it)")
-        return self
-
-    @property
-    def max_output(self) -> int:
-        """The longest output the workload's distribution can produce (not for traces)."""
-        return self.output.largest
-
-    @property
-    def warmup_window(self) -> tuple[str, float]:
-        """The warm-up as (``requests``, count) or (``seconds``, duration)."""
-        if isinstance(self.warmup, str):
-            return "seconds", _seconds(self.warmup)
-        return "requests", float(self.warmup)
 
 
 class Calibration(Section):

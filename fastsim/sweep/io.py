@@ -140,6 +140,16 @@ def sweep_layout(grid: Grid, table: np.ndarray) -> Layout:
 PREFIX_CACHE = "prefix_cache_in_effect"
 
 
+def frontier_layout(grid: Grid, table: np.ndarray, on: np.ndarray) -> Layout:
+    """A sweep's layout (:func:`sweep_layout`) with ``on_frontier``: the points no other point
+    beats on both interactivity and throughput per GPU (:mod:`fastsim.analysis.frontier`)."""
+    layout = sweep_layout(grid, table)
+    layout.data["on_frontier"] = (dims(grid), on, {
+        "units": "1", "long_name": "on the throughput-interactivity frontier: no point has both more "
+                                   "interactivity_tok_s and more tok_s_per_gpu"})
+    return layout
+
+
 def prefix_cache_in_effect(grid: Grid) -> np.ndarray:
     """Whether each point of ``grid`` runs with a prefix cache (:func:`fastsim.model.fleet.prefix_cache`),
     shape ``grid.shape``: read once per combination of the engine's axes, which decide it."""

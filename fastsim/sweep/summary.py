@@ -111,6 +111,9 @@ def describe(config: Config, n_requests: int) -> str:
         traffic = f"{n_requests:,} requests of {Path(w.trace).name}, {rate}"
     elif w.sessions is not None:
         traffic = f"{n_requests:,} turns of sessions starting at {w.rate:g}/s ({w.rng} traffic, seed {w.seed})"
+    elif w.concurrency is not None:
+        think = "" if w.think_s is None else ", with think time"
+        traffic = f"{n_requests:,} requests from {w.concurrency:,} closed-loop clients{think} ({w.rng} traffic, seed {w.seed})"
     else:
         traffic = f"{n_requests:,} requests at {w.rate:g}/s ({w.rng} traffic, seed {w.seed})"
     return f"{model} on {gpu}, tp {e.tp}: {engine}: {traffic}"
@@ -323,3 +326,19 @@ def _ranks(ranks: list[int]) -> str:
 
 def _money(x: float) -> str:
     return "n/a" if math.isnan(x) else f"{x:,.2f}"
+
+
+def frontier_rows(grid: Grid, table: np.ndarray, on: np.ndarray) -> tuple[str, list[str], list[list[str]], int]:
+    """(title, headers, rows, label columns) of a frontier run (:mod:`fastsim.analysis.frontier`):
+    every candidate's points by clients, ``*`` marking those on the frontier ``on``."""
+    dims = [dim_name(key) for key in grid.keys]
+    rows = []
+    for index in np.ndindex(*table.shape[:-1]):
+        m = table[index]
+        labels = [axis_label(grid.axes[j][i]) for j, i in enumerate(index)]
+        rows.append(labels + [f"{m[METRIC_INDEX['tok_s_per_gpu']]:.0f}", f"{m[METRIC_INDEX['interactivity_tok_s']]:.1f}",
+                              f"{m[METRIC_INDEX['ttft_p99_s']]:.2f}s", _money(m[METRIC_INDEX['usd_per_mtok']]),
+                              "*" if on[index] else ""])
+    title = f"frontier: {int(on.sum())} of {on.size} points (C clients; *: none has more tok/s/GPU and tok/s/user)"
+    dims = ["C" if d == "concurrency" else d for d in dims]
+    return title, dims + ["tok/s/GPU", "tok/s/user", "TTFT p99", "$/Mtok", "*"], rows, len(dims)

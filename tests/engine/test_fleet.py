@@ -318,3 +318,37 @@ def test_requests_out_names_the_replicas(root, tmp_path):
         assert set(ds.replica.values.tolist()) <= {-1, 0, 1} and set(ds.prefill_replica.values.tolist()) == {0}
         assert ds.replica.attrs["long_name"].startswith("the replica that served")
         assert float(ds.attrs["metric_gpus"]) == 3
+
+
+@pytest.mark.parametrize("values", [
+    {},
+    {"fleet.replicas": 3, "fleet.router": "least_outstanding"},
+    {"fleet.replicas": 2, "fleet.prefill_replicas": 1},
+    {"workload.think_s": {"dist": "exponential", "mean": 0.3}, "workload.warmup": 64},
+])
+def test_closed_loop_clients_keep_c_in_flight_and_little_s_law(values):
+    """configs/h100.yaml's engine (stalls on) under 32 clients: never more than 32 requests in
+    flight as the clients see them, each client's next request sent as its last is done (plus
+    think time), and Little's law: mean in flight = throughput x mean latency (exact without a
+    warm-up: every request lies in the window; within 3 % after 64 warm-up requests)."""
+    from fastsim import load_config
+
+    from ..conftest import ROOT
+
+    config = load_config(ROOT / "configs/h100.yaml", {"workload.concurrency": 32, "workload.rate": None,
+                                                      "workload.n_requests": 3000, **values})
+    r = simulate(config)
+    arrival, done = r.arrival_s, r.done_s
+    ones = np.ones(arrival.size)
+    order = np.lexsort((np.r_[ones, -ones], np.r_[arrival, done]))
+    in_flight = np.cumsum(np.r_[ones, -ones][order])
+    assert in_flight.max() == 32
+    think = 0.0 if "workload.think_s" not in values else None
+    sends = np.sort(arrival)[32:]
+    if think == 0.0:  # every send after the first 32 is a completion's instant
+        assert np.isin(sends, done).all()
+    m = r.metrics
+    little = m["request_rate_rps"] * m["e2e_mean_s"]
+    # (after a warm-up, the warm-up's last requests are in flight in the window's first moments)
+    assert m["concurrency_mean"] == pytest.approx(little, rel=1e-9 if "workload.warmup" not in values else 0.03)
+    assert m["concurrency_mean"] <= 32

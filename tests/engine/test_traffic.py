@@ -122,3 +122,29 @@ def test_burstier_arrivals_raise_ttft_p99():
     poisson = simulate(Config().with_values({**base, "workload.burstiness": 1.0})).metrics
     bursty = simulate(Config().with_values({**base, "workload.burstiness": 0.2})).metrics
     assert smooth["ttft_p99_s"] < poisson["ttft_p99_s"] < bursty["ttft_p99_s"]
+
+
+def test_range_ratio_draws_uniform_lengths_as_benchmark_clients_do():
+    """value 1024, range_ratio 0.8: the integers ceil(819.2) = 820 .. 1024, each about as often."""
+    w = Config().with_values({"workload.prompt.value": 1024, "workload.prompt.range_ratio": 0.8,
+                              "workload.n_requests": 200_000}).workload
+    assert (w.prompt.dist, w.prompt.min, w.prompt.max) == ("uniform", 820, 1024)
+    prompt = generate(w).prompt_tokens
+    assert prompt.min() == 820 and prompt.max() == 1024 and abs(prompt.mean() - 922) < 1
+    with pytest.raises(ConfigError, match="range_ratio 0.8 of value 1024 sets min to 820"):
+        Config().with_values({"workload.prompt.value": 1024, "workload.prompt.range_ratio": 0.8,
+                              "workload.prompt.min": 1})
+
+
+def test_closed_loop_clients_are_an_open_loop_s_requests_sent_as_requests_complete():
+    """The same lengths (and system prompts) as the open loop of the seed; the first C given at
+    0 (or spread over the ramp), the rest set by the run; think times from their own stream."""
+    values = {"workload.n_requests": 100, "workload.system_prompts": {"count": 3, "tokens": 20}}
+    open_loop = generate(Config().with_values(values).workload)
+    closed = Config().with_values({**values, "workload.concurrency": 8, "workload.rate": None, "workload.ramp_s": 4.0,
+                                   "workload.think_s": {"dist": "fixed", "value": 0.5}})
+    t = generate(closed.workload)
+    assert (t.prompt_tokens == open_loop.prompt_tokens).all() and (t.output_tokens == open_loop.output_tokens).all()
+    assert (t.content.system_prompt == open_loop.content.system_prompt).all() and t.content.clients == 8
+    assert t.arrival_s[:8].tolist() == [k * 0.5 for k in range(8)] and np.isnan(t.arrival_s[8:]).all()
+    assert np.isnan(t.content.think_s[:8]).all() and (t.content.think_s[8:] == 0.5).all()

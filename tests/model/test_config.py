@@ -36,7 +36,8 @@ def test_contract_keys_all_exist():
     model.qk_rope_head_dim model.experts model.experts_per_token model.moe_layers model.expert_gb
     calibration.stall_rate_hz calibration.stall_median_ms calibration.stall_sigma calibration.fitted_to
     engine.prefix_caching workload.system_prompts workload.sessions workload.trace_hash_block
-    fleet.prefix_weight engine.async_scheduling workload.warmup""".split()
+    fleet.prefix_weight engine.async_scheduling workload.warmup workload.concurrency workload.ramp_s
+    workload.think_s workload.prompt.range_ratio workload.output.range_ratio""".split()
     assert sorted(contract) == sorted(LEAF_KEYS)
 
 

@@ -9,7 +9,10 @@ step that started before it. With a prefill pool, the prefill replicas cache wha
 and end each request at its first token; its KV then crosses its prefill replica's link (first
 come, first served; ties: the lower index) and joins a decode replica (no cache there: blocks only
 counted) with c = p, g = 1; a session's next turn waits for the decode replica's last token.
-Literal and slow; the kernel must agree exactly.
+Closed-loop clients (``content.clients`` C): the first C requests are given; a request's
+completion frees its client at its (client) done time, an event taken in time order after the
+arrivals of that instant (ties: the lower request), when the client sends the next request no
+client has sent, its think time later. Literal and slow; the kernel must agree exactly.
 """
 
 from __future__ import annotations
@@ -254,6 +257,7 @@ def simulate(arrival, prompt, output, content, e: Engine, caching=True, replicas
     first = [None] * n
     done = [None] * n
     routed = routed_decode = 0
+    taken = min(content.clients, n)  # closed-loop clients: the requests sent so far
     while True:
         t_next = pending[0][0] if pending else math.inf
         busy = [r for r in range(len(reps)) if reps[r].has_work()]
@@ -272,7 +276,9 @@ def simulate(arrival, prompt, output, content, e: Engine, caching=True, replicas
                 elif not npre:
                     first[i] = rep.first_token[i] + e.api_s
                 done[i] = rep.done[i] + e.api_s
-                if i + 1 < n and content.turn[i + 1] > 1 and content.session[i + 1] == content.session[i]:
+                if content.clients:  # its client is free: an event (t, n + i), after arrivals at t
+                    heapq.heappush(pending, (done[i], n + i))
+                elif i + 1 < n and content.turn[i + 1] > 1 and content.session[i + 1] == content.session[i]:
                     t = done[i] + content.think_s[i + 1]
                     arrived[i + 1] = t
                     heapq.heappush(pending, (t, i + 1))
@@ -280,6 +286,12 @@ def simulate(arrival, prompt, output, content, e: Engine, caching=True, replicas
         if not pending:
             break
         t, q = heapq.heappop(pending)
+        if q >= n:  # a free client sends the next request no client has sent, after its think time
+            if taken < n:
+                arrived[taken] = t + content.think_s[taken]
+                heapq.heappush(pending, (arrived[taken], taken))
+                taken += 1
+            continue
         if kv_arrived[q]:
             x = _route(router, reps, decode_pool, q, routed_decode, routes and routes[q], weight, B, prompt, False)
             routed_decode += 1

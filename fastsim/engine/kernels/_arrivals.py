@@ -1,5 +1,6 @@
 """Arrivals that depend on the run, for the serving loop (:mod:`.serve`): the given ones (a trace's or the drawn ones; NaN for a session's later
-turn) and those a run releases (a session's next turn, a prompt's KV reaching the decode pool),
+turn, a closed-loop client's request after its first) and those a run releases (a session's next turn, a
+client's next request, a prompt's KV reaching the decode pool),
 kept in a binary min-heap on (time, request) in two arrays; ties go to the lower request index."""
 
 from __future__ import annotations
@@ -61,23 +62,40 @@ def next_arrival(arrival, sp, heap_t, heap_i, nheap):
 
 
 @jit
-def turn_after(i, now, api_s, think, arrival, heap_t, heap_i, nheap):
-    """Request ``i`` is done at ``now`` (engine time): its session's next turn, if any, arrives
-    after the API overhead and its think time. Returns the heap's size."""
-    if i + 1 < arrival.size and think[i + 1] == think[i + 1]:
-        t = now + api_s + think[i + 1]
-        arrival[i + 1] = t
-        return push(heap_t, heap_i, nheap, t, i + 1)
-    return nheap
+def turn_after(i, now, api_s, think, arrival, heap_t, heap_i, nheap, clients, taken, alone):
+    """Request ``i`` is done at ``now`` (engine time): what it releases, if anything, arrives after
+    the API overhead and its think time. In sessions (``clients`` 0) that is its session's next
+    turn, ``i + 1``. With closed-loop clients, ``i``'s client is free after the API overhead, and
+    takes the next request no client has taken (``taken`` of them so far): on ``alone`` engine at
+    once (its completions come in time order); in a pool, whose replicas finish out of order, as
+    an entry (time, n + i) of the heap, the request taken when it comes (:func:`client_sends`).
+    Returns the heap's size and ``taken``."""
+    n = arrival.size
+    if clients == 0:
+        if i + 1 < n and think[i + 1] == think[i + 1]:
+            return client_sends(now + api_s, think, arrival, heap_t, heap_i, nheap, i + 1), taken
+        return nheap, taken
+    if not alone:  # (every completion: which clients take the last requests is decided in time order)
+        return push(heap_t, heap_i, nheap, now + api_s, n + i), taken
+    if taken == n:
+        return nheap, taken
+    return client_sends(now + api_s, think, arrival, heap_t, heap_i, nheap, taken), taken + 1
+
+
+@inline
+def client_sends(t, think, arrival, heap_t, heap_i, nheap, j):
+    """A client free at ``t`` sends request ``j`` after its think time. Returns the heap's size."""
+    arrival[j] = t + think[j]
+    return push(heap_t, heap_i, nheap, arrival[j], j)
 
 
 @inline
 def arrive(now, t_next, q_next, sp, nheap, qfirst, qlast, nwait, arrival, heap_t, heap_i, qnext):
     """One engine whose run releases arrivals: every arrival due by ``now`` (the next is
-    ``t_next``, request ``q_next``) joins the waiting queue's tail, in time order; returns the next
-    arrival and the updated state."""
+    ``t_next``, request ``q_next``: from the given ``arrival`` or the heap) joins the waiting
+    queue's tail, in time order; returns the next arrival and the updated state."""
     while t_next <= now:
-        if q_next == sp:
+        if q_next == sp and sp < arrival.size:
             sp += 1
         else:
             nheap = pop(heap_t, heap_i, nheap)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..._jit import inline, jit
+from ..router import LEAST_KV, PREFIX_AWARE, RANDOM, choose
 from . import _kv as roles
 from ._running import cdiv
 from ._shape import AUX, NWAIT, RUNNING
@@ -44,3 +45,27 @@ def prefix_aware(kv, cache, q, p_q, bt, weight, replicas, st, outstanding, used)
             to = r
             best = score
     return to
+
+
+@inline
+def destination(kv, cache, q, p_q, bt, code, weight, routes, decode_routes, decoding, npre, replicas, st, outstanding,
+                used, routed, routed_decode, replica, pre_replica):
+    """Route request ``q`` (prompt ``p_q``): to a decode replica when its prompt's KV reaches the
+    decode pool (``decoding``: that pool caches nothing, so prefix-aware is least_kv there), else
+    to one of the first pool (the prefill pool's ``npre``, or every replica); its replica is
+    recorded. Returns (the replica's index in the loop, the requests routed to each pool)."""
+    if decoding:
+        to = npre + choose(LEAST_KV if code == PREFIX_AWARE else code, q if code == RANDOM else routed_decode,
+                           decode_routes, outstanding, used, npre, replicas)
+        replica[q] = to - npre
+        return to, routed, routed_decode + 1
+    first_pool = npre if npre > 0 else replicas
+    if code == PREFIX_AWARE:
+        to = prefix_aware(kv, cache, q, p_q, bt, weight, first_pool, st, outstanding, used)
+    else:
+        to = choose(code, routed, routes, outstanding, used, 0, first_pool)
+    if npre > 0:
+        pre_replica[q] = to
+    else:
+        replica[q] = to
+    return to, routed + 1, routed_decode

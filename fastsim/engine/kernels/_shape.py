@@ -55,9 +55,10 @@ class Rules(NamedTuple):
 class Routing(NamedTuple):
     """How requests reach replicas: the router's code (:data:`fastsim.model.routers.ROUTERS`), the
     random router's replica per routed request, prefix_aware's weight; a session's later turns'
-    think times (empty: no sessions); in front of a prefill pool, each request's KV transfer time
+    think times, or closed-loop clients' (empty: neither); in front of a prefill pool, each request's KV transfer time
     and the random router's decode replica per request; for a decode pool run alone, each
-    request's first token's time (its KV arrives with it). Use one of its shapes."""
+    request's first token's time (its KV arrives with it); closed-loop clients (0: none: a done
+    request releases its session's next turn). Use one of its shapes."""
 
     code: int
     routes: np.ndarray
@@ -66,6 +67,7 @@ class Routing(NamedTuple):
     link_s: np.ndarray
     decode_routes: np.ndarray
     token_1: np.ndarray
+    clients: int = 0
 
 
 class Alone(Routing):
@@ -96,11 +98,11 @@ SHAPES = {(True, False): Alone, (True, True): AloneReleasing, (False, False): Ro
 
 
 def routing(code: int, routes: np.ndarray, weight: float, think: np.ndarray, link_s: np.ndarray,
-            decode_routes: np.ndarray, token_1: np.ndarray, prefill: bool = False) -> Routing:
+            decode_routes: np.ndarray, token_1: np.ndarray, prefill: bool = False, clients: int = 0) -> Routing:
     """The routing of a run in its shape: one engine when ``code`` is ``ONE_ENGINE``; releasing
-    when there are sessions (``think``) or a ``prefill`` pool in front."""
+    when there are sessions or ``clients`` (``think``) or a ``prefill`` pool in front."""
     shape = SHAPES[(code == ONE_ENGINE, bool(think.size) or prefill)]
-    return shape(np.int64(code), routes, float(weight), think, link_s, decode_routes, token_1)
+    return shape(np.int64(code), routes, float(weight), think, link_s, decode_routes, token_1, np.int64(clients))
 
 
 def alone(r):

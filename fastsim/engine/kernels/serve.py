@@ -5,9 +5,10 @@ docs/model/prefix-cache.md). With every serving-model addition off the lesson's 
 (:mod:`.lesson`) run instead. What it is given, and the shapes it is compiled for, are
 :mod:`._shape`'s; the KV cache's roles :mod:`._kv`'s.
 
-Arrivals are the given ones (a NaN for a session's later turn) and those the run releases (a turn
-after the one before it is done, a prompt's KV reaching the decode pool), taken in time order, ties
-to the lower index (:mod:`._arrivals`). One engine takes each as it comes, at the first step that
+Arrivals are the given ones (a NaN for a session's later turn or a closed-loop client's later
+request) and those the run releases (a turn after the one before it is done, a client's next
+request after its last, a prompt's KV reaching the decode pool), taken in time order, ties to the
+lower index (:mod:`._arrivals`). One engine takes each as it comes, at the first step that
 starts at or after it (async scheduling, ``lookahead``: one step later, if a step was running). A
 pool routes each at its instant, after every replica ran each step that starts before it, so the
 router sees their outstanding requests and KV blocks as of then; an idle replica wakes at it.
@@ -46,13 +47,12 @@ import numpy as np
 
 from ..._jit import jit, unmanaged
 from ...model.cost import step_time
-from ..router import LEAST_KV, PREFIX_AWARE, RANDOM, choose
 from . import _kv as roles
-from ._arrivals import arrive, next_arrival, pop, send, turn_after
+from ._arrivals import arrive, client_sends, next_arrival, pop, send, turn_after
 from ._bare import bare_run, mark
 from ._calendar import extend_run, totals
 from ._preempt import preempt_for
-from ._route import earliest, prefix_aware
+from ._route import destination, earliest
 from ._running import cal_file, cal_remove, cdiv, join_queue, link_tail, unlink
 from ._shape import *  # noqa: F403 (the rows of work, the columns of st)
 from ._shape import alone, releases, start
@@ -91,7 +91,10 @@ def serve(arrival, prompt, output, pre, dec, rules, routing, kv, cache, first_to
     cache, think, link_s, token_1 = unmanaged(cache), unmanaged(routing.think), unmanaged(routing.link_s), unmanaged(
         routing.token_1)
     routes, decode_routes, weight = unmanaged(routing.routes), unmanaged(routing.decode_routes), routing.weight
-    sessions = think.size > 0
+    sessions = think.size > 0  # (or closed-loop clients: ``clients`` of them)
+    clients = routing.clients
+    taken = sending = min(clients, n)  # requests clients have taken: one engine's; a pool's
+    given = arrival[:sending if clients > 0 else n]  # the arrivals given (clients': their first requests')
     pre_k, dec_k = pre.k, dec.k
     limit, bt, pb, reserve, o_max, lookahead, api_s = rules
     cached = pb * bt  # tokens every admission starts with (a pinned prefix)
@@ -125,7 +128,7 @@ def serve(arrival, prompt, output, pre, dec, rules, routing, kv, cache, first_to
     nruns = ngaps = 0
     sp = head = 0  # the next given arrival; one engine over given arrivals: the next to join its queue
     routed = routed_decode = 0
-    t_next, q_next, sp = next_arrival(arrival, sp, heap_t, heap_i, nheap)
+    t_next, q_next, sp = next_arrival(given, sp, heap_t, heap_i, nheap)
     while True:
         until = np.inf if alone(routing) else t_next
         turn = 0  # the next replica in turn (where no arrival is released: each runs up to ``until``)
@@ -164,7 +167,7 @@ def serve(arrival, prompt, output, pre, dec, rules, routing, kv, cache, first_to
                 if alone(routing) and t_next <= now:  # arrivals join the queue
                     if releases(routing):
                         t_next, q_next, sp, nheap, qfirst, qlast, nwait = arrive(
-                            now, t_next, q_next, sp, nheap, qfirst, qlast, nwait, arrival, heap_t, heap_i, qnext)
+                            now, t_next, q_next, sp, nheap, qfirst, qlast, nwait, given, heap_t, heap_i, qnext)
                     else:
                         while head < n and arrival[head] <= now:
                             head += 1
@@ -315,7 +318,8 @@ def serve(arrival, prompt, output, pre, dec, rules, routing, kv, cache, first_to
                     rhead, rtail = unlink(rprev, rnext, rhead, rtail, i)
                     running -= 1
                     if releases(routing) and sessions:
-                        nheap = turn_after(i, now, api_s, think, arrival, heap_t, heap_i, nheap)
+                        nheap, taken = turn_after(i, now, api_s, think, arrival, heap_t, heap_i, nheap, clients,
+                                                  taken, alone(routing))
                     if not roles.ordered(kv):
                         i = nx
                 # prefill rows: a row that reaches p + g computed tokens emits one
@@ -350,7 +354,8 @@ def serve(arrival, prompt, output, pre, dec, rules, routing, kv, cache, first_to
                             continue
                         done[i] = now
                         if releases(routing) and sessions:
-                            nheap = turn_after(i, now, api_s, think, arrival, heap_t, heap_i, nheap)
+                            nheap, taken = turn_after(i, now, api_s, think, arrival, heap_t, heap_i, nheap,
+                                                      clients, taken, alone(routing))
                     else:  # a decoder from now on
                         dbase[i] = steps
                         n_dec += 1
@@ -363,7 +368,7 @@ def serve(arrival, prompt, output, pre, dec, rules, routing, kv, cache, first_to
                         nheap = send(ended, nsent, now, link_free, rep, link_s, sent, heap_t, heap_i, nheap)
                     if nheap > released:
                         if alone(routing):
-                            t_next, q_next, sp = next_arrival(arrival, sp, heap_t, heap_i, nheap)
+                            t_next, q_next, sp = next_arrival(given, sp, heap_t, heap_i, nheap)
                         else:  # a released arrival is routed at its instant
                             bound = min(bound, heap_t[0])
                             until = min(until, heap_t[0])
@@ -382,7 +387,7 @@ def serve(arrival, prompt, output, pre, dec, rules, routing, kv, cache, first_to
                         continue  # the head can be admitted
                 now, queue, state, record = bare_run(
                     k, kv, rep, bt, limit, lookahead, alone(routing), releases(routing), paged, blocks, bound, bucket,
-                    occ, bcount, base, ring, arrival, heap_t, heap_i, qnext, began_r, runs, running, now,
+                    occ, bcount, base, ring, given, heap_t, heap_i, qnext, began_r, runs, running, now,
                     (t_next, q_next, sp, head, nheap, qfirst, qlast, nwait),
                     (n_dec, sum_c, steps, busy, cursor, free, aux, kv_sum, kv_peak, max_queue),
                     (nruns, run_kv, run_pairs, run_nw, run_m, run_s))
@@ -404,35 +409,27 @@ def serve(arrival, prompt, output, pre, dec, rules, routing, kv, cache, first_to
             break
         # route the next arrival: a given one, a released turn, or a prompt's KV reaching the decode pool
         if releases(routing):
-            t_next, q, sp = next_arrival(arrival, sp, heap_t, heap_i, nheap)
+            t_next, q, sp = next_arrival(given, sp, heap_t, heap_i, nheap)
             if q < 0:
                 break
-            if q == sp:
+            if q == sp and sp < given.size:
                 sp += 1
             else:
                 nheap = pop(heap_t, heap_i, nheap)
+            if q >= n:  # a closed-loop client is free: it takes the next request, if any is left
+                if sending < n:
+                    nheap = client_sends(t_next, think, arrival, heap_t, heap_i, nheap, sending)
+                    sending += 1
+                t_next, q_next, sp = next_arrival(given, sp, heap_t, heap_i, nheap)
+                continue
         else:
             if sp == n:
                 break
             q = sp
             sp += 1
-        if releases(routing) and npre > 0 and sent[q]:  # the decode pool caches nothing: prefix-aware is least_kv there
-            to = npre + choose(LEAST_KV if code == PREFIX_AWARE else code, q if code == RANDOM else routed_decode,
-                               decode_routes, outstanding, used_blocks, npre, replicas)
-            routed_decode += 1
-            replica[q] = to - npre
-        else:
-            first_pool = npre if releases(routing) and npre > 0 else replicas
-            if code == PREFIX_AWARE:
-                to = prefix_aware(kv, cache, q, prompt[q], bt, weight, first_pool, st,
-                                  outstanding, used_blocks)
-            else:
-                to = choose(code, routed, routes, outstanding, used_blocks, 0, first_pool)
-            routed += 1
-            if npre > 0:
-                pre_replica[q] = to
-            else:
-                replica[q] = to
+        to, routed, routed_decode = destination(kv, cache, q, prompt[q], bt, code, weight, routes, decode_routes,
+                                                releases(routing) and npre > 0 and sent[q], npre, replicas, st,
+                                                outstanding, used_blocks, routed, routed_decode, replica, pre_replica)
         outstanding[to] += 1
         if st[to, RUNNING] == 0 and st[to, NWAIT] == 0:
             now_r[to] = max(now_r[to], t_next)  # an idle replica wakes when a request reaches it
@@ -440,7 +437,7 @@ def serve(arrival, prompt, output, pre, dec, rules, routing, kv, cache, first_to
             joined[q] = t_next
         join_queue(st, qnext, to, q, QFIRST, QLAST, NWAIT)
         if releases(routing):
-            t_next, q_next, sp = next_arrival(arrival, sp, heap_t, heap_i, nheap)
+            t_next, q_next, sp = next_arrival(given, sp, heap_t, heap_i, nheap)
         else:
             t_next = arrival[sp] if sp < n else np.inf
     pre_counts = totals(st[:npre], runs, nruns, STEPS, RUN_KV)
