@@ -48,6 +48,12 @@ class Content:
     clients: int = 0  # closed-loop clients (workload.concurrency): request j >= clients is sent after one is done
 
     @property
+    def shares(self) -> bool:
+        """Some request shares tokens with another or with a system prompt."""
+        n = self.session.size
+        return bool(self.hash_ids.size or (self.parent[:n] >= 0).any())
+
+    @property
     def closed_loop(self) -> bool:
         """Some arrivals depend on completions (sessions, closed-loop clients)."""
         return self.clients > 0 or bool(np.any(self.turn > 1))

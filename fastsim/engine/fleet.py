@@ -132,13 +132,13 @@ def run(config: Config, traffic: Traffic, scratch: Scratch | None = None) -> Out
     arrival, prompt, output, content = traffic.arrival_s, traffic.prompt_tokens, traffic.output_tokens, traffic.content
     tree = None if content is None else shares.chat_tree(content, prompt, output)
     closed = content is not None and content.closed_loop
-    path = paths.of(config, content is not None, tree is not None, closed)
+    path = paths.of(config, content is not None and content.shares, tree is not None, closed)
     plan = Plan.of(config, longest_output(config, traffic), prefix=path.fleet != "disaggregated")
     draws = routes(config.workload, len(traffic), f.replicas, 0) if ROUTERS[f.router].draws else np.empty(
         len(traffic), np.int64)
     if path.fleet == "disaggregated":
         out = _disaggregated(config, plan, traffic, tree, path, draws, scratch)
-    elif path.shares:
+    elif path.shares or closed:
         out = _shared(config, plan, traffic, tree, draws, scratch)
         out = dataclasses.replace(out, replica=None) if f.replicas == 1 else out  # one engine's, as always
     elif f.replicas == 1:  # the single engine, to the bit
@@ -147,10 +147,9 @@ def run(config: Config, traffic: Traffic, scratch: Scratch | None = None) -> Out
         out = _pool(plan, path.loop, path.router, f.replicas, arrival, prompt, output, draws, scratch)
     if path.fleet == "cached" and not path.shares and pools.prefix_cache(config):
         out = _no_hits(out)  # a cache over requests that share nothing (the plan's REHIT counts re-admissions)
-    unstalled = out.done_s.copy() if closed and content.clients and config.calibration.stall_rate_hz else None
     stalls.apply(config, out.arrivals(arrival), out.first_token_s, out.done_s, out.replica, out.prefill_replica)
-    if unstalled is not None:  # a client waits for the stalls it sees
-        stalls.hold_clients(out.arrival_s, out.first_token_s, out.done_s, unstalled, content.think_s,
+    if closed and content.clients and config.calibration.stall_rate_hz:  # a client waits for the stalls it sees
+        stalls.hold_clients(out.arrival_s, out.first_token_s, out.done_s, content.think_s,
                             config.calibration.api_overhead_ms / 1000, content.clients)
     return with_api(out, config.calibration.api_overhead_ms / 1000)
 
@@ -176,11 +175,14 @@ def _shared(config: Config, p: Plan, traffic: Traffic, tree: tuple | None, draws
     trace's recorded sharing; or where the runs' bookkeeping stopped). ``output``: the outputs
     they run (ones on a prefill pool run alone). With ``prefill`` (the prefill replicas' plan and
     their random router's draws), the replicas decode behind a prefill pool in the same loop
-    (sessions: a turn waits on the decode pool)."""
+    (sessions: a turn waits on the decode pool). Closed-loop clients' requests that share nothing
+    run here too (their arrivals wait for completions), the KV as counters (a preempted request
+    re-hits its own blocks under the cache) unless a prefill pool caches in front."""
     f, c = config.fleet, traffic.content
     output = traffic.output_tokens if output is None else output
     n = len(traffic)
     caching = config.engine.prefix_caching
+    held = caching and (c.shares or prefill is not None)  # the cache's content (else: counters, own re-hits)
     bt = p.block_tokens
     pre_plan, pre_draws = prefill if prefill is not None else (p, NO_ROUTES)
     npre = f.prefill_replicas if prefill is not None else 0
@@ -206,8 +208,8 @@ def _shared(config: Config, p: Plan, traffic: Traffic, tree: tuple | None, draws
 
     def call(runs: np.ndarray, gaps: np.ndarray, tree: tuple | None) -> tuple:
         arrived = traffic.arrival_s.copy()
-        if not caching:
-            kv, cache = Counters(PAGED, p.max_output), NO_CACHE
+        if not held:
+            kv, cache = Counters(p.kv_mode if caching else PAGED, p.max_output), NO_CACHE
         elif tree is not None:
             parent, group, tokens = tree
             gend = tokens // bt
@@ -226,7 +228,7 @@ def _shared(config: Config, p: Plan, traffic: Traffic, tree: tuple | None, draws
     if got[-1][2]:  # the runs' bookkeeping stopped: block by block
         counters, runs, gaps = with_room(n, scratch, False, lambda runs, gaps: call(runs, gaps, None))
     arrived, kv, cache, (pre_counters, _, _) = got
-    if not caching or not n:
+    if not held or not n:
         cached = np.zeros(n, np.int64)
     else:
         cached = kv.cached.copy() if isinstance(kv, blockwise.Blocks) else cache[-n:, segments.CACHED].copy()

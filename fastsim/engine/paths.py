@@ -48,26 +48,26 @@ def uncached(router: str) -> str:
 def of(config: Config, shared: bool | None = None, tree: bool = True, closed: bool | None = None) -> Path:
     """The path of ``config``. ``shared``: whether its requests share content (the traffic's
     :attr:`~.traffic.Traffic.content` is set); None: as the config says, a trace counting as
-    shared. ``tree``: whether what they share is a chat tree (system prompts, sessions:
+    shared (:attr:`.content.Content.shares`). ``tree``: whether what they share is a chat tree (system prompts, sessions:
     :func:`.content.chat_tree`), which the serving loop's cache holds; a trace's recorded
     sharing is not. ``closed``: whether some arrivals wait for completions (later turns of
     sessions, requests of closed-loop clients; None: whether the workload has sessions or clients)."""
     f, w = config.fleet, config.workload
     kind = pools.kind(config)
     closed = (w.sessions is not None or w.concurrency is not None) if closed is None else closed
-    if shared is None:  # (closed-loop clients' requests are content: their arrivals wait for completions)
-        shared = (closed or w.system_prompts is not None
+    if shared is None:
+        shared = (w.sessions is not None or w.system_prompts is not None
                   or (pools.prefix_cache(config) and (bool(w.prefix_tokens) or w.trace is not None)))
         tree = tree and w.trace is None
     held = RUNS if tree else BLOCKS
     router = uncached(f.router)
     pool = SERVE if ROUTERS[router].load_aware else ENGINE  # a pool of replicas that caches nothing
     if kind == "disaggregated":
-        if shared and closed:  # a turn waits on the decode pool: one loop for both
+        if closed:  # a turn (a client's next request) waits on the decode pool: one loop for both
             return Path(kind, SERVE, "joint", f.router, held)
         return Path(kind, pool, SERVE if shared else pool, router, "")
-    if kind == "cached" and shared:
-        return Path(kind, SERVE, "", f.router, held)
+    if kind == "cached" and (shared or closed):  # (arrivals that wait for completions: the serving loop)
+        return Path(kind, SERVE, "", f.router if shared else router, held if shared else "")
     return Path(kind, ENGINE if f.replicas == 1 else pool, "", f.router if kind == "one" else router, "")
 
 

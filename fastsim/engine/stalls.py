@@ -28,6 +28,7 @@ import numpy as np
 
 from .._jit import inline, jit
 from ..model.schema import Config, ConfigError
+from .kernels._arrivals import pop, push
 from .streams import stream
 
 MAX_STALLS = 100_000_000  # a replica's stalls drawn at most (1.6 GB): a run longer than that is refused
@@ -180,29 +181,28 @@ def apply(config: Config, arrival: np.ndarray, first: np.ndarray, done: np.ndarr
                    True, False)
 
 
-def hold_clients(arrival: np.ndarray, first: np.ndarray, done: np.ndarray, unstalled: np.ndarray,
-                 think: np.ndarray, api_s: float, clients: int) -> None:
-    """Closed-loop clients send their next request when they see the last one done: a stall that
-    delays a request's last token (``done`` beyond ``unstalled``) delays its client's later
-    requests as much. Each request the run released (every one after the first ``clients``) is
-    sent the API overhead ``api_s`` and its think time after the one before it is done, and its
-    tokens move with it (engine times, in place). The run
-    released them in order of the completions that freed their clients; they are matched again
-    here, the earliest release to the earliest completion (clients freed by one step are alike)."""
-    n = arrival.size
-    if n <= clients:
-        return
-    released = np.arange(clients, n)
-    freed = np.argsort(unstalled, kind="stable")[:n - clients]  # the completions that freed a client
-    sent = released[np.argsort(arrival[released] - think[released], kind="stable")]
-    _hold(arrival, first, done, think, api_s, freed, sent)
+def hold_clients(arrival: np.ndarray, first: np.ndarray, done: np.ndarray, think: np.ndarray, api_s: float,
+                 clients: int) -> None:
+    """Closed-loop clients send their next request when they see their last one done: a stall
+    that delays a request's last token delays its client's next request as much. The clients'
+    sends are replayed in the order they see completions (ties: the lower request), as the run
+    handed requests out: each request after the first ``clients`` is sent the API overhead
+    ``api_s`` and its think time after the completion that frees its client, and its tokens
+    move with it (engine times, in place)."""
+    if arrival.size > clients:
+        _hold(arrival, first, done, think, api_s, clients)
 
 
 @jit
-def _hold(arrival, first, done, think, api_s, freed, sent):
-    for m in range(sent.size):  # (a request frees its client after it was sent: its times are moved by then)
-        i, j = freed[m], sent[m]
-        t = done[i] + api_s + think[j]  # when the client sees ``i`` done, and its think time
+def _hold(arrival, first, done, think, api_s, clients):
+    heap_t, heap_i = np.empty(clients), np.empty(clients, np.int64)
+    size = 0
+    for i in range(clients):
+        size = push(heap_t, heap_i, size, done[i] + api_s, i)
+    for j in range(clients, arrival.size):
+        t = heap_t[0] + think[j]  # a client sees its request done, thinks, and sends ``j``
+        size = pop(heap_t, heap_i, size)
         first[j] += t - arrival[j]
         done[j] += t - arrival[j]
         arrival[j] = t
+        size = push(heap_t, heap_i, size, done[j] + api_s, j)
