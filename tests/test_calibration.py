@@ -78,3 +78,31 @@ def test_the_shipped_calibration_is_the_fit_of_the_open_data(root):
         for factor in (0.9, 1.1):
             nearby = _cost(sims.residuals({**values, f"calibration.{name}": shipped[name] * factor}))
             assert here <= nearby * 1.03, (name, factor)
+
+
+def test_the_closed_loop_study_s_errors_are_today_s(root):
+    """docs/validation.md, "Closed-loop benchmarks": the InferenceX runs of gpt-oss-120b on H100,
+    read as `fastsim calibrate` reads them (closed-loop clients), simulated with the shipped
+    calibration: every run too fast, TPOT by -32 % and TTFT by -70 % in the median."""
+    import statistics
+    import warnings
+
+    from fastsim.analysis.measured import read
+    from fastsim.model.hf_config import Approximation
+
+    folder = root / "configs/calibration"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Approximation)
+        runs = read([folder / "inferencex-gpt-oss-120b-h100.csv"],
+                    fastsim.load_config(folder / "inferencex-gpt-oss-120b-h100.yaml"))
+        errors = {name: [] for name in ("tpot_mean_s", "ttft_mean_s")}
+        for run in runs:
+            assert run.config.workload.concurrency == run.config.engine.max_batch
+            m = fastsim.simulate(run.config).metrics
+            for name in errors:
+                errors[name].append(m[name] / run.metrics[name] - 1)
+    assert len(runs) == 43
+    assert round(statistics.median(errors["tpot_mean_s"]), 2) == -0.32
+    assert round(statistics.median(errors["ttft_mean_s"]), 2) == -0.70
+    assert max(errors["tpot_mean_s"]) < 0.17 and max(errors["ttft_mean_s"]) < 0
+    assert round(errors["tpot_mean_s"][30], 2) == -0.57  # tp 8, 1024/1024, 4 clients

@@ -10,7 +10,7 @@ The loops:
   the serving loop in its one-engine shape), on one engine, or on each replica of a pool whose
   router decides from the request alone (the replicas run apart);
 - ``serve``: one run of the serving loop (:mod:`.kernels.serve`) over every replica: a
-  load-aware router, content the requests share, sessions.
+  load-aware router, content the requests share, sessions, closed-loop clients.
 
 Where requests share content, its KV state (:mod:`.kernels._kv`) is the prefix cache as ``runs``
 of blocks for a chat tree (system prompts and sessions' turns), or ``blocks``, one by one, for a

@@ -43,10 +43,7 @@ class _Lengths(Section):
             r, value = data["range_ratio"], data.get("value", cls.model_fields["value"].default)
             if isinstance(r, (int, float)) and isinstance(value, int) and 0 < r <= 1:
                 low = max(math.ceil(r * value - 1e-9), 1 if cls is Output else 0)
-                for key, want in (("dist", "uniform"), ("min", low), ("max", value)):
-                    if key in data and data[key] != want:
-                        raise ValueError(f"range_ratio {r:g} of value {value} sets {key} to {want} (got {data[key]})")
-                data = {**data, "dist": "uniform", "min": low, "max": value}
+                data = {**data, "dist": "uniform", "min": low, "max": value}  # (over a config's dist, min, max)
         return data
 
     @model_validator(mode="after")

@@ -131,9 +131,9 @@ def test_range_ratio_draws_uniform_lengths_as_benchmark_clients_do():
     assert (w.prompt.dist, w.prompt.min, w.prompt.max) == ("uniform", 820, 1024)
     prompt = generate(w).prompt_tokens
     assert prompt.min() == 820 and prompt.max() == 1024 and abs(prompt.mean() - 922) < 1
-    with pytest.raises(ConfigError, match="range_ratio 0.8 of value 1024 sets min to 820"):
-        Config().with_values({"workload.prompt.value": 1024, "workload.prompt.range_ratio": 0.8,
-                              "workload.prompt.min": 1})
+    over = Config().with_values({"workload.prompt": {"dist": "fixed", "value": 512, "min": 1}}).with_values(
+        {"workload.prompt.range_ratio": 0.5})  # a ratio set over a config's lengths replaces dist, min and max
+    assert (over.workload.prompt.dist, over.workload.prompt.min, over.workload.prompt.max) == ("uniform", 256, 512)
 
 
 def test_closed_loop_clients_are_an_open_loop_s_requests_sent_as_requests_complete():
