@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import xarray as xr
 from typer.testing import CliRunner
 
@@ -49,6 +50,10 @@ def test_requests_out(root, tmp_path):
         np.testing.assert_array_equal(ds.first_token_s.values, expected.first_token_s)
         assert ds.done_s.attrs["units"] == "s"
         assert "policy: static" in ds.attrs["config"]
+        tpot = ds.tpot_s.values[expected.output_tokens > 1]  # per request, as vllm bench computes it
+        assert np.nanmean(tpot) == pytest.approx(expected.metrics["tpot_mean_s"], rel=1e-12)
+        assert np.isnan(ds.tpot_s.values[expected.output_tokens == 1]).all()
+        assert ds.ttft_s.values.mean() == pytest.approx(expected.metrics["ttft_mean_s"], rel=1e-12)
     assert [p.name for p in path.parent.iterdir()] == ["requests.nc"]  # no temporary left behind
 
 

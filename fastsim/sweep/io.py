@@ -162,12 +162,19 @@ def prefix_cache_in_effect(grid: Grid) -> np.ndarray:
 def requests_layout(result: Result) -> Layout:
     """Per-request results along a ``request`` dimension, metrics as global attributes; a
     fleet's adds the replica that served each request (and its prefill replica)."""
+    with np.errstate(invalid="ignore", divide="ignore"):  # (one token: no TPOT)
+        tpot = np.where(result.output_tokens > 1, (result.done_s - result.first_token_s)
+                        / (result.output_tokens - 1), np.nan)
     fields = {
         "arrival_s": (result.arrival_s, "s", "arrival time"),
         "prompt_tokens": (result.prompt_tokens, "tokens", "prompt length"),
         "output_tokens": (result.output_tokens, "tokens", "output length"),
         "first_token_s": (result.first_token_s, "s", "time of the first token, as the client sees it"),
         "done_s": (result.done_s, "s", "time of the last token, as the client sees it"),
+        "ttft_s": (result.first_token_s - result.arrival_s, "s", "time to first token"),
+        "e2e_s": (result.done_s - result.arrival_s, "s", "end-to-end latency"),
+        "tpot_s": (tpot, "s", "time per output token after the first: (done - first token) / (output - 1); NaN "
+                              "for one token"),
         "measured": (np.arange(result.arrival_s.size) >= result.warmup, "1",
                      "the request is measured (not a warm-up one: workload.warmup)"),
     }
