@@ -126,10 +126,26 @@ def _measurement(path: Path, line: int, column: str, text: str) -> float:
 # vLLM's statistic -> fastsim's, for each vLLM metric (ms) and fastsim prefix (s)
 VLLM_METRICS = {"ttft": "ttft", "tpot": "tpot", "itl": "itl", "e2el": "e2e"}
 STATS = {"mean": "mean", "median": "p50", "p90": "p90", "p99": "p99"}  # the tails fit the jitter
+RATES = {"output_throughput": "throughput_tok_s", "request_throughput": "request_rate_rps",
+         "total_token_throughput": "total_tok_s"}  # a result's throughputs (per second)
+
+
+def _in_seconds(data: dict) -> bool:
+    """InferenceX's result files: vllm bench's fields with the times in seconds (``median_ttft``,
+    not ``median_ttft_ms``)."""
+    ms = any(f"{s}_{m}_ms" in data for s in STATS for m in VLLM_METRICS)
+    return not ms and any(f"{s}_{m}" in data for s in STATS for m in VLLM_METRICS)
+
+
+def _mean_length(lengths) -> float | None:
+    """The mean a length distribution draws (None: a lognormal's, not worth the check)."""
+    return lengths.value if lengths.dist == "fixed" else (lengths.min + lengths.max) / 2 if lengths.dist == "uniform" \
+        else None
 
 
 def read_vllm_json(path: Path, config: Config) -> Measured:
-    """One run from a ``vllm bench serve --save-result`` JSON file."""
+    """One run from a ``vllm bench serve --save-result`` JSON file (or InferenceX's: the same
+    fields, times in seconds; without the requests' lengths, which the config's workload draws)."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError as exc:
@@ -152,49 +168,80 @@ def read_vllm_json(path: Path, config: Config) -> Measured:
     burstiness = data.get("burstiness", 1.0)
     if not _is_number(burstiness) or not 0 < burstiness < math.inf:
         raise ConfigError(f"{path}: burstiness {burstiness!r} is not a positive number (1: Poisson arrivals)")
-    inputs, outputs = (_token_counts(path, data, key) for key in ("input_lens", "output_lens"))
-    n = data.get("num_prompts", int(inputs.size))
+    seconds = _in_seconds(data)
+    listed = not seconds or "input_lens" in data
+    inputs, outputs = (_token_counts(path, data, key) if listed else None for key in ("input_lens", "output_lens"))
+    n = data.get("num_prompts", int(inputs.size) if listed else None)
     if not _is_number(n) or not math.isfinite(n) or n != int(n):
         raise ConfigError(f"{path}: num_prompts {n!r} is not a whole number of requests")
     n = int(n)
-    if inputs.size != outputs.size or inputs.size != n:
+    if listed and (inputs.size != outputs.size or inputs.size != n):
         raise ConfigError(f"{path}: {inputs.size} input_lens and {outputs.size} output_lens for num_prompts {n}")
     if n < 1:
         raise ConfigError(f"{path}: num_prompts {n}: no requests")
     measured = {}
-    for vllm, ours in VLLM_METRICS.items():
-        for stat, q in STATS.items():
-            value = data.get(f"{stat}_{vllm}_ms")
-            name = f"{ours}_{q}_s"
-            if value is not None and name in METRICS:
-                if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-                    raise ConfigError(f"{path}: {stat}_{vllm}_ms: {value!r} is not a positive finite measurement")
-                measured[name] = value / 1e3
-    if not measured:
+    unit, scale = ("", 1.0) if seconds else ("_ms", 1e-3)
+    fields = {f"{stat}_{vllm}{unit}": f"{ours}_{q}_s" for vllm, ours in VLLM_METRICS.items() for stat, q in STATS.items()}
+    for key, name in {**fields, **RATES}.items():
+        value = data.get(key)
+        if value is not None and name in METRICS:
+            if not _is_number(value) or not math.isfinite(value) or value <= 0:
+                raise ConfigError(f"{path}: {key}: {value!r} is not a positive finite measurement")
+            measured[name] = value * (scale if key in fields else 1.0)
+    if not any(name.endswith("_s") for name in measured):
         raise ConfigError(f"{path}: no measured mean_ or median_ of ttft_ms, tpot_ms, itl_ms or e2el_ms")
     if not at_once and not (_is_number(rate) and rate > 0):
         raise ConfigError(f"{path}: request_rate {rate!r} is neither a positive number nor \"inf\"")
     settings = {"workload.n_requests": n, "workload.rate": 1.0 if at_once else float(rate), "workload.rng": "numpy",
                 "workload.arrival": "poisson" if burstiness == 1 else "gamma", "workload.burstiness": burstiness,
-                "workload.prompt.dist": "fixed", "workload.prompt.value": int(inputs.max()),
-                "workload.output.dist": "fixed", "workload.output.value": int(outputs.max()),
-                "workload.output.max": int(outputs.max()), "workload.trace": None, "workload.warmup": 0}
+                "workload.trace": None, "workload.warmup": 0}
+    if listed:  # the lengths the config gets are the longest (what must fit); the requests are the file's
+        settings.update({"workload.prompt.dist": "fixed", "workload.prompt.value": int(inputs.max()),
+                         "workload.output.dist": "fixed", "workload.output.value": int(outputs.max()),
+                         "workload.output.max": int(outputs.max())})
     if clients is not None:
         settings.update({"workload.concurrency": int(clients), "workload.rate": None, "workload.arrival": "poisson",
                          "workload.burstiness": 1.0, "workload.sessions": None})
     run = _checked(config, settings, str(path))  # the longest request must fit the KV cache
+    if not listed:  # the config's lengths must be the benchmark's
+        _same_lengths(path, data, run, n)
+        return Measured(path.name, _shown(settings, clients, at_once, n), run, measured,
+                        Traffic(np.zeros(n), *_drawn_lengths(run)) if at_once and clients is None else None)
     traffic = shared(run.workload, pools.prefix_cache(run), Traffic(np.zeros(n), inputs, outputs))
     if clients is not None:  # the first C at t = 0, each later one as a request is done
         arrival, content = shares.clients(run.workload, shares.none(n) if traffic.content is None else traffic.content)
         traffic = Traffic(arrival, inputs, outputs, content)
     elif not at_once:
         traffic = replace(traffic, arrival_s=generate(run.workload).arrival_s)
-    # what is simulated: at request_rate inf every request comes at t = 0 (the run's rate 1.0 only fills the key)
-    shown = ({"workload.n_requests": n, "workload.concurrency": int(clients)} if clients is not None else
-             {"workload.n_requests": n, "workload.rate": "inf", "workload.arrival": ALL_AT_ONCE} if at_once else
-             {k: settings[k] for k in ("workload.n_requests", "workload.rate", "workload.arrival",
-                                       "workload.burstiness")})
-    return Measured(path.name, shown, run, measured, traffic)
+    return Measured(path.name, _shown(settings, clients, at_once, n), run, measured, traffic)
+
+
+def _shown(settings: dict, clients: int | None, at_once: bool, n: int) -> dict[str, Any]:
+    """What a result's run is shown as: at request_rate inf every request comes at t = 0 (the
+    run's rate 1.0 only fills the key); a closed loop, its clients."""
+    if clients is not None:
+        return {"workload.n_requests": n, "workload.concurrency": int(clients)}
+    if at_once:
+        return {"workload.n_requests": n, "workload.rate": "inf", "workload.arrival": ALL_AT_ONCE}
+    return {k: settings[k] for k in ("workload.n_requests", "workload.rate", "workload.arrival", "workload.burstiness")}
+
+
+def _drawn_lengths(run: Config) -> tuple[np.ndarray, np.ndarray]:
+    t = generate(run.workload)
+    return t.prompt_tokens, t.output_tokens
+
+
+def _same_lengths(path: Path, data: dict, run: Config, n: int) -> None:
+    """A result without its requests' lengths is simulated with the config's: refuse a config
+    whose mean lengths are not the result's (``total_input_tokens``, ``total_output_tokens``) within 10 %."""
+    w = run.workload
+    for key, lengths, name in (("total_input_tokens", w.prompt, "workload.prompt"),
+                               ("total_output_tokens", w.output, "workload.output")):
+        total, mean = data.get(key), _mean_length(lengths)
+        if _is_number(total) and total > 0 and mean is not None and abs(mean / (total / n) - 1) > 0.1:
+            raise ConfigError(f"{path}: {key} {total:g} is {total / n:.0f} tokens a request, but {name} draws a mean "
+                              f"of {mean:g}: set {name} to the lengths the benchmark drew (e.g. value: 1024, "
+                              f"range_ratio: 0.8)")
 
 
 def _words(name: str) -> set[str]:

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from fastsim import load_config, simulate
+from fastsim import ConfigError, load_config, simulate
 from fastsim.cli import app
 
 from ..conftest import ROOT
@@ -330,3 +330,31 @@ def test_a_cached_system_prompt_is_calibrated_as_fastsim_run_simulates_it(tmp_pa
         # computes ITL only where measured: the costliest metric)
         assert [got.metrics[name] for name in same] == pytest.approx([want.metrics[name] for name in same], nan_ok=True)
         assert got.metrics["prefix_hit_rate"] > 0
+
+
+def test_an_inferencex_result_is_read_in_seconds_with_the_config_s_lengths(tmp_path):
+    """InferenceX's result files: vllm bench's fields, times in seconds, no per-request lengths
+    (the config's workload draws them, and must match the file's mean lengths); its throughputs
+    are measurements too."""
+    import warnings
+
+    from fastsim.analysis.measured import read_vllm_json
+    from fastsim.model.hf_config import Approximation
+
+    folder = ROOT / "configs/calibration"
+    result = {"model_id": "openai/gpt-oss-120b", "num_prompts": 80, "request_rate": "inf", "max_concurrency": 8,
+              "total_input_tokens": 80 * 922, "total_output_tokens": 80 * 921, "output_throughput": 1180.0,
+              "median_ttft": 0.0701, "p99_ttft": 0.12, "median_tpot": 0.00625, "mean_tpot": 0.0063}
+    path = tmp_path / "gptoss_tp2_conc8.json"
+    path.write_text(json.dumps(result))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Approximation)
+        base = load_config(folder / "inferencex-gpt-oss-120b-h100.yaml", {"engine.tp": 2})
+        run = read_vllm_json(path, base)
+        assert run.settings == {"workload.n_requests": 80, "workload.concurrency": 8}
+        assert run.metrics == {"ttft_p50_s": 0.0701, "ttft_p99_s": 0.12, "tpot_p50_s": 0.00625,
+                               "tpot_mean_s": 0.0063, "throughput_tok_s": 1180.0}
+        assert run.traffic is None and run.config.workload.prompt.min == 820  # the config's lengths, drawn
+        with pytest.raises(ConfigError, match="total_input_tokens 73760 is 922 tokens a request, but "
+                                              "workload.prompt draws a mean of 4506"):
+            read_vllm_json(path, base.with_values({"workload.prompt.value": 8192, "workload.prompt.range_ratio": 0.1}))
