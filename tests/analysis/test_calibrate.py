@@ -138,18 +138,17 @@ def test_vllm_bench_results_calibrate_and_predict_a_fourth_rate(tmp_path):
 def test_closed_loop_results_calibrate(tmp_path):
     """vllm bench serve --max-concurrency C --request-rate inf: C clients, each sending its next
     request as its last is done; results at three concurrencies recover the engine that made them
-    (a fourth, unseen, is predicted), and the table names the clients."""
+    (a fourth, unseen, is predicted), and the fit names the clients."""
     files = []
     for i, clients in enumerate((2, 8, 32)):
         files.append(tmp_path / f"bench-c{clients}.json")
         vllm_result(files[-1], "inf", lengths(i, 160), clients=clients)
     out = tmp_path / "fit.yaml"
-    args = ["calibrate", BASE, *files, "--set", "model.preset=llama-2-7b", "--set", "engine.tp=1",
-            "--set", "engine.async_scheduling=false", "--out", out]
-    table = invoke(*args)
-    assert table.exit_code == 0, table.output
-    assert "bench-c8.json: n_requests 160, concurrency 8" in table.stdout
-    fit = json.loads(invoke(*args, "--json").stdout)
+    result = invoke("calibrate", BASE, *files, "--set", "model.preset=llama-2-7b", "--set", "engine.tp=1",
+                    "--set", "engine.async_scheduling=false", "--fit",
+                    "bandwidth_efficiency,step_overhead_ms,api_overhead_ms", "--out", out, "--json")
+    assert result.exit_code == 0, result.output
+    fit = json.loads(result.stdout)
     assert fit["runs"][1]["settings"] == {"workload.n_requests": 160, "workload.concurrency": 8}
     fitted = {f"calibration.{k}": v for k, v in yaml.safe_load(out.read_text())["calibration"].items()}
     want = vllm_result(tmp_path / "bench-c16.json", "inf", lengths(7, 160), clients=16)
