@@ -15,6 +15,7 @@ from ._atomic import atomic_path, check_writable
 from .analysis import frontier as frontier_of
 from .analysis.capacity import RATE, CapacitySearch
 from .analysis.plan import MAX_REPLICAS, REPLICAS, PlanSearch
+from .analysis.plan import for_demand as plan_demand  # noqa: F401
 from .analysis import simulation
 from .analysis.simulation import Result
 from .analysis.targets import Target, targets_from

@@ -28,6 +28,23 @@ from .targets import Stopped, Target, binding_names, failing
 
 REPLICAS = "fleet.replicas"
 MAX_REPLICAS = 64
+
+
+def for_demand(config: Config, output_tok_s: float) -> tuple[Config, float]:
+    """``config`` at the request rate that carries ``output_tok_s`` output tokens a second: the
+    demand over the workload's mean output, that of the requests it draws (a trace's, as
+    recorded); returns the config and that mean. A closed loop (clients) has no rate to set."""
+    from ..engine.traffic import of as traffic_of
+
+    if not output_tok_s > 0 or not math.isfinite(output_tok_s):
+        raise ConfigError(f"--output-tok-s {output_tok_s:g}: a demand above 0 output tokens a second")
+    if config.workload.concurrency is not None or "workload.concurrency" in config.sweep:
+        raise ConfigError("--output-tok-s sets workload.rate, which closed-loop clients (workload.concurrency) do not "
+                          "have")
+    if "workload.rate" in config.sweep:
+        raise ConfigError("--output-tok-s sets workload.rate: not with a workload.rate axis")
+    mean = float(traffic_of(pools.as_run(config)).output_tokens.mean())
+    return config.at({"workload.rate": output_tok_s / mean}), mean
 SECONDS_PER_REQUEST = 12 * 4 * 1.6e-7  # ~12 simulations of a fleet of a few replicas
 MET, NEVER_MET, CANNOT_RUN = range(3)  # a candidate's status
 

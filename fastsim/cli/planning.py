@@ -59,6 +59,9 @@ def plan(
     max_replicas: Annotated[int, typer.Option(help="The most replicas a candidate may take.", min=1,
                                                     max=LARGEST_POOL)] = 64,
     as_json: Annotated[bool, typer.Option("--json", help="Print the ranked candidates as JSON.")] = False,
+    output_tok_s: Annotated[Optional[float], typer.Option(
+        "--output-tok-s", help="Demand in output tokens a second: sets workload.rate to it over the workload's "
+                               "mean output.")] = None,
     every: Annotated[bool, typer.Option("--all", help="List every candidate (default: the best per GPU and "
                                                       "model, or the top ten).")] = False,
     out_path: Annotated[
@@ -73,10 +76,14 @@ def plan(
     """The cheapest fleet that meets the targets: for every candidate of the grid (any axis but
     fleet.replicas), the fewest replicas meeting them at the workload's traffic, ranked by USD
     per hour, then GPUs, then TTFT p99. Default target: the config's slo met by 90 % of requests."""
-    from ..api import plan_entries, plan_rows, plan_to_file, targets
+    from ..api import plan_demand, plan_entries, plan_rows, plan_to_file, targets
 
     with user_errors():
         cfg = load(config, set_, plan=True)
+        if output_tok_s is not None:
+            cfg, mean = plan_demand(cfg, output_tok_s)
+            err.print(f"{output_tok_s:,g} output tokens/s: workload.rate {cfg.workload.rate:.4g}/s at a mean output of "
+                      f"{mean:.1f} tokens")
         goals = targets(cfg, target, attainment, "plan")
         limit = max_memory(max_memory_)
     destination = out_path or Path("results") / f"{config.stem}-plan.nc"

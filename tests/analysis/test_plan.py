@@ -8,6 +8,7 @@ import pytest
 import xarray as xr
 from typer.testing import CliRunner
 
+from fastsim import ConfigError, load_config
 from fastsim.cli import app
 
 from ..conftest import ROOT
@@ -151,3 +152,17 @@ def test_a_prefill_axis_may_mix_counts_and_auto(tmp_path):
         assert ds.prefill_replicas.values.tolist() == ["0", "2", "auto"]
         pool = ds.prefill_pool.values.ravel()
         assert np.isnan(pool[:2]).all() and pool[2] >= 1  # only the sized pool has a chosen size
+
+
+def test_a_demand_in_output_tokens_is_a_rate_over_the_mean_output():
+    """--output-tok-s: the rate that carries the demand at the workload's mean output (the
+    requests it draws); clients have no rate to set."""
+    from fastsim.analysis.plan import for_demand
+    from fastsim.engine.traffic import generate
+
+    config = load_config(ROOT / "tests/data/plan-eight.yaml")
+    at, mean = for_demand(config, 12_000.0)
+    assert mean == generate(config.workload).output_tokens.mean()
+    assert at.workload.rate == pytest.approx(12_000.0 / mean, rel=1e-12)
+    with pytest.raises(ConfigError, match="closed-loop clients"):
+        for_demand(config.at({"workload.rate": None, "workload.concurrency": 8}), 12_000.0)
