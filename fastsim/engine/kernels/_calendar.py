@@ -80,6 +80,29 @@ def due_now(bucket, link, due, cursor, steps, wraps):
     return first
 
 
+@inline
+def batch_step_end(now, d, steps, ctx, busy, active, first_step, batch_lo, qhead, first_token, done, bucket, link,
+                   due, cursor, ring, wraps):
+    """A static or dynamic batch's step of ``d`` seconds ends: the clock, the step count, the
+    batch's context and busy slots advance; on its first step the batch (requests ``batch_lo``
+    to ``qhead``) gets its first token; the calendar's cursor moves on and the requests due
+    complete. Returns (now, steps, ctx, busy, active, cursor)."""
+    now += d
+    steps += 1
+    ctx += active
+    busy += active
+    if first_step:
+        for i in range(batch_lo, qhead):
+            first_token[i] = now
+    cursor = cursor + 1 if cursor + 1 < ring else 0
+    i = due_now(bucket, link, due, cursor, steps, wraps)
+    while i >= 0:
+        done[i] = now
+        active -= 1
+        i = link[i]
+    return now, steps, ctx, busy, active, cursor
+
+
 def run_lengths(runs: np.ndarray) -> np.ndarray:
     """m of every run."""
     return runs["wm"] & LOW if runs.dtype == COMPACT_RUN else runs[:, 3]

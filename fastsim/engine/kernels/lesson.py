@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..._jit import inline, jit, largest
-from ._calendar import RING_MAX, due_now, file, record_compact
+from ._calendar import RING_MAX, batch_step_end, due_now, file, record_compact
 
 
 @inline
@@ -189,19 +189,9 @@ def batched(arrival, prompt, output, limit, window, t_weight, t_kv, first_token,
         first_step = steps == batch_start
         d = t_weight + t_kv * ctx
         nruns = record_compact(runs, nruns, ctx, 1, 0 if first_step else active)
-        now += d
-        steps += 1
-        ctx += active
-        busy += active
-        if first_step:
-            for i in range(batch_lo, qhead):
-                first_token[i] = now
-        cursor = cursor + 1 if cursor + 1 < ring else 0
-        i = due_now(bucket, link, due, cursor, steps, wraps)
-        while i >= 0:
-            done[i] = now
-            active -= 1
-            i = link[i]
+        now, steps, ctx, busy, active, cursor = batch_step_end(now, d, steps, ctx, busy, active, first_step, batch_lo,
+                                                               qhead, first_token, done, bucket, link, due, cursor,
+                                                               ring, wraps)
         if active > 0:  # nobody is admitted while a batch runs
             ctx0 = ctx
             cursor, now, ctx, m = _steps_until_completion(bucket, cursor, now, ctx, active, t_weight, t_kv)

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..._jit import jit, largest
 from ...model.cost import step_time, step_time_with, weights_time
-from ._calendar import RING_MAX, due_now, file, record
+from ._calendar import RING_MAX, batch_step_end, file, record
 from ._running import cdiv
 
 
@@ -108,19 +108,9 @@ def batched(arrival, prompt, output, limit, window, k, blocks, bt, pb, o_max, fi
             kv_peak = max(kv_peak, used)
         d = step_time(k, n_tok, ctx, pairs, active)  # every row but padding emits a token
         nruns = record(runs, nruns, n_tok, ctx, pairs, 1, 0 if first_step else active, active)
-        now += d
-        steps += 1
-        ctx += active
-        busy += active
-        if first_step:
-            for i in range(batch_lo, qhead):
-                first_token[i] = now
-        cursor = cursor + 1 if cursor + 1 < ring else 0
-        i = due_now(bucket, link, due, cursor, steps, wraps)
-        while i >= 0:
-            done[i] = now
-            active -= 1
-            i = link[i]
+        now, steps, ctx, busy, active, cursor = batch_step_end(now, d, steps, ctx, busy, active, first_step, batch_lo,
+                                                               qhead, first_token, done, bucket, link, due, cursor,
+                                                               ring, wraps)
         if active > 0:  # nobody is admitted while a batch runs: bare steps until a completion
             ctx0, steps0 = ctx, steps
             weights = weights_time(k, rows)
