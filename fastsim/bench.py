@@ -83,6 +83,7 @@ SERVING = {
     "calibration.bandwidth_efficiency": 0.792838,
     "calibration.step_overhead_ms": 0.300063,
     "calibration.layer_overhead_us": 9.679034,
+    "calibration.moe_layer_overhead_us": 57.8769,
     "calibration.api_overhead_ms": 6.740596,
     "calibration.stall_rate_hz": 0.751957,
     "calibration.stall_median_ms": 28.298289,

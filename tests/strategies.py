@@ -44,14 +44,16 @@ def oracle_engine(c: Config, prefill: bool = False) -> oracle_serving.Engine:
             hw = Hardware.model_validate({"preset": f.prefill_hardware})
         e = e.model_copy(update={"tp": f.prefill_tp or e.tp,
                                  "max_batched_tokens": f.prefill_max_batched_tokens or e.max_batched_tokens})
-    overhead = cal.step_overhead_ms / 1e3 + (cal.layer_overhead_us * 1e-6 * m.n_layers if m.n_layers else 0.0)
+    overhead = (cal.step_overhead_ms / 1e3 + (cal.layer_overhead_us * 1e-6 * m.n_layers if m.n_layers else 0.0)
+                + cal.moe_layer_overhead_us * 1e-6 * m.moe_layers)
     # KV heads split over the tp GPUs, each GPU holding ceil(kv_heads / tp) of them (replicated when
     # tp exceeds them), and its memory holding whole tokens; MLA's latent whole on every GPU; without
     # kv_heads, an even split of the group's memory
     mla = m.kv_lora_rank > 0
     kv_gpu = (m.kv_bytes_per_token if mla else m.kv_bytes_per_token * math.ceil(m.kv_heads / e.tp) / m.kv_heads
               if m.kv_heads is not None else m.kv_bytes_per_token / e.tp)
-    peak = {"bf16": hw.peak_tflops, "fp8": hw.peak_tflops_fp8, "fp4": hw.peak_tflops_fp4}[m.dtype] or hw.peak_tflops
+    peak = {"bf16": hw.peak_tflops, "fp8": hw.peak_tflops_fp8, "fp4": hw.peak_tflops_fp4, "mxfp4": hw.peak_tflops_fp4,
+            "int4": None}[m.dtype] or hw.peak_tflops  # (int4 is weight-only: the bf16 peak)
     free = hw.peak_tflops is None or m.params_b is None
     comm_fixed = comm_token = 0.0
     if e.tp > 1:
@@ -129,7 +131,7 @@ def serving_configs(draw) -> Config:
         "calibration.bandwidth_efficiency": draw(st.sampled_from([1.0, 0.8])),
         # models as deployed: the LM head per sampled token, precisions and their peaks, MLA
         "model.vocab": draw(st.sampled_from([None, None, 32000, 151936])),
-        "model.dtype": draw(st.sampled_from(["bf16", "fp8", "fp4"])),
+        "model.dtype": draw(st.sampled_from(["bf16", "fp8", "fp4", "mxfp4", "int4"])),
         "hardware.peak_tflops_fp8": draw(st.sampled_from([None, 1979.0])),
         "hardware.peak_tflops_fp4": draw(st.sampled_from([None, 9000.0])),
         "model.kv_lora_rank": draw(st.sampled_from([0, 0, 0, 512])),
@@ -140,7 +142,8 @@ def serving_configs(draw) -> Config:
         moe_layers = draw(st.integers(1, 32))
         v.update({"model.experts": experts, "model.experts_per_token": draw(st.integers(1, min(experts, 8))),
                   "model.moe_layers": moe_layers, "engine.expert_parallel": draw(st.booleans()),
-                  "model.expert_gb": 15.008 * draw(st.sampled_from([0.3, 0.9])) / (moe_layers * experts)})
+                  "model.expert_gb": 15.008 * draw(st.sampled_from([0.3, 0.9])) / (moe_layers * experts),
+                  "calibration.moe_layer_overhead_us": draw(st.sampled_from([0.0, 60.0]))})
     if v["workload.rng"] == "numpy":  # prompts from a distribution, other arrival processes
         v["workload.arrival"] = draw(st.sampled_from(["poisson", "gamma", "constant"]))
         v["workload.burstiness"] = draw(st.sampled_from([0.2, 1.0, 5.0]))

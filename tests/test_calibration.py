@@ -58,32 +58,41 @@ def test_mean_latencies_stay_within_the_stated_errors(predicted):
 
 
 def test_the_shipped_calibration_is_the_fit_of_the_open_data(root):
-    """configs/h100.yaml carries what `fastsim calibrate` fits to the measured runs (the
-    calibration config extends it, and a refit keeps a start that the search does not beat by
-    more than 1 %): refitting the engine's values from it, or moving a jitter value by 10 %, finds
-    nothing better by more than 3 % of the cost. The cost is rough and flat along ridges, so the
-    values are one point of a valley, not a unique minimum (docs/validation.md, "Calibration")."""
+    """configs/h100.yaml carries what `fastsim calibrate` fits to the open runs: the v0.15.1 runs
+    and, for the MoE layers' overhead, with them the InferenceX runs of gpt-oss-120b and
+    MiniMax-M2.5 (sweeps/calibration-moe.py: a refit of the five engine values over all of them
+    keeps these). Moving any engine value by 10 % over all the runs, or a jitter value by 10 %
+    over the runs that measured tails, finds nothing better by more than 3 % of the cost. The cost
+    is rough and flat along ridges, so the values are one point of a valley, not a unique minimum
+    (docs/validation.md, "Calibration")."""
+    import warnings
+
     from fastsim.analysis.calibrate import JITTER, _cost, _Runs
+    from fastsim.analysis.measured import read
+    from fastsim.model.hf_config import Approximation
 
     folder = root / "configs/calibration"
-    engine = ["compute_efficiency", "bandwidth_efficiency", "step_overhead_ms", "layer_overhead_us", "api_overhead_ms"]
-    fit = fastsim.calibrate(fastsim.load_config(folder / "vllm-0.15-h100.yaml"), [folder / "vllm-0.15-h100.csv"],
-                            fit=engine)
     shipped = fastsim.load_config(root / "configs/h100.yaml").calibration.model_dump()
-    sims = _Runs(fit.runs)
     values = {f"calibration.{k}": v for k, v in shipped.items() if k != "fitted_to"}
-    here = _cost(sims.residuals(values))
-    assert here <= fit.cost * 1.03
-    for name in JITTER:
-        for factor in (0.9, 1.1):
-            nearby = _cost(sims.residuals({**values, f"calibration.{name}": shipped[name] * factor}))
-            assert here <= nearby * 1.03, (name, factor)
+    engine = ["compute_efficiency", "bandwidth_efficiency", "step_overhead_ms", "layer_overhead_us",
+              "moe_layer_overhead_us", "api_overhead_ms"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Approximation)
+        dense = _Runs(read([folder / "vllm-0.15-h100.csv"], fastsim.load_config(folder / "vllm-0.15-h100.yaml")))
+        every = _Runs(dense.runs + [run for stem in ("inferencex-gpt-oss-120b-h100", "inferencex-minimax-m2.5-b200")
+                                    for run in read([folder / f"{stem}.csv"], fastsim.load_config(folder / f"{stem}.yaml"))])
+    for sims, names in ((every, engine), (dense, JITTER)):
+        here = _cost(sims.residuals(values))
+        for name in names:
+            for factor in (0.9, 1.1):
+                nearby = _cost(sims.residuals({**values, f"calibration.{name}": shipped[name] * factor}))
+                assert here <= nearby * 1.03, (name, factor)
 
 
 def test_the_closed_loop_study_s_errors_are_today_s(root):
     """docs/validation.md, "Closed-loop benchmarks": the InferenceX runs of gpt-oss-120b on H100,
     read as `fastsim calibrate` reads them (closed-loop clients), simulated with the shipped
-    calibration: every run too fast, TPOT by -32 % and TTFT by -70 % in the median."""
+    calibration: TPOT +6 % in the median (8 % in absolute value), TTFT -65 %."""
     import statistics
     import warnings
 
@@ -102,7 +111,8 @@ def test_the_closed_loop_study_s_errors_are_today_s(root):
             for name in errors:
                 errors[name].append(m[name] / run.metrics[name] - 1)
     assert len(runs) == 43
-    assert round(statistics.median(errors["tpot_mean_s"]), 2) == -0.32
-    assert round(statistics.median(errors["ttft_mean_s"]), 2) == -0.70
-    assert max(errors["tpot_mean_s"]) < 0.17 and max(errors["ttft_mean_s"]) < 0
-    assert round(errors["tpot_mean_s"][30], 2) == -0.57  # tp 8, 1024/1024, 4 clients
+    assert statistics.median(errors["tpot_mean_s"]) == pytest.approx(0.055, abs=0.005)
+    assert statistics.median(abs(e) for e in errors["tpot_mean_s"]) == pytest.approx(0.076, abs=0.005)
+    assert round(statistics.median(errors["ttft_mean_s"]), 2) == -0.65
+    assert max(errors["tpot_mean_s"]) < 0.33 and max(errors["ttft_mean_s"]) < 0
+    assert round(errors["tpot_mean_s"][30], 2) == 0.04  # tp 8, 1024/1024, 4 clients (-57 % without the MoE term)

@@ -39,6 +39,7 @@ BOUNDS: dict[str, tuple[float, float, float]] = {
     "bandwidth_efficiency": (0.05, 1.0, 0.1),
     "step_overhead_ms": (0.0, 50.0, 1.0),
     "layer_overhead_us": (0.0, 500.0, 10.0),
+    "moe_layer_overhead_us": (0.0, 500.0, 10.0),
     "api_overhead_ms": (0.0, 500.0, 10.0),
     "stall_rate_hz": (0.0, 100.0, 1.0),
     "stall_median_ms": (0.0, 500.0, 1.0),
@@ -110,10 +111,13 @@ class Fit:
 
 def fit_keys(names: list[str] | None, runs: list[Measured] = ()) -> list[str]:
     """The calibration keys to fit (dotted or bare names; default every one, the jitter's only
-    when some run measured a tail: a mean says nothing about them)."""
+    when some run measured a tail, the MoE layers' overhead only when some run's model routes to
+    experts: the runs say nothing about the others)."""
     if not names:
         tails = any(TAILS.search(name) for run in runs for name in run.metrics)
-        return [f"calibration.{k}" for k in BOUNDS if tails or k not in JITTER]
+        moe = any(run.config.model.experts for run in runs)
+        return [f"calibration.{k}" for k in BOUNDS
+                if (tails or k not in JITTER) and (moe or k != "moe_layer_overhead_us")]
     keys = []
     for name in names:
         bare = name.strip().removeprefix("calibration.")

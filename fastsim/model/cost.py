@@ -38,9 +38,10 @@ N_COEFFICIENTS = 10
 
 def peak_tflops(config: Config) -> float | None:
     """The dense peak the linear layers run at: the GPU's peak for the model's dtype, or its bf16
-    peak where it has none for that dtype (weights dequantised, as vLLM's weight-only kernels)."""
+    peak where it has none for that dtype (weights dequantised, as vLLM's weight-only kernels; int4
+    is weight-only everywhere)."""
     hw = config.hardware
-    own = {"fp8": hw.peak_tflops_fp8, "fp4": hw.peak_tflops_fp4}.get(config.model.dtype)
+    own = {"fp8": hw.peak_tflops_fp8, "fp4": hw.peak_tflops_fp4, "mxfp4": hw.peak_tflops_fp4}.get(config.model.dtype)
     return own if own is not None and hw.peak_tflops is not None else hw.peak_tflops
 
 
@@ -51,7 +52,8 @@ def coefficients(config: Config) -> np.ndarray:
     bandwidth = hw.mem_bandwidth_tb_s * 1e12 * cal.bandwidth_efficiency * e.tp  # bytes/s, all GPUs
     k = np.zeros(N_COEFFICIENTS)
     # a fixed time per step, and per layer of it (kernel latencies: every GPU runs each layer)
-    k[OVERHEAD] = cal.step_overhead_ms / 1e3 + cal.layer_overhead_us * 1e-6 * (m.n_layers or 0)
+    k[OVERHEAD] = (cal.step_overhead_ms / 1e3 + cal.layer_overhead_us * 1e-6 * (m.n_layers or 0)
+                   + cal.moe_layer_overhead_us * 1e-6 * m.moe_layers)
     k[T_WEIGHTS] = m.weight_gb * 1e9 / bandwidth
     if m.experts:  # routed experts no token of a step picks are not read: (1 - k/E)^N of them
         k[T_EXPERTS] = m.moe_layers * m.experts * m.expert_gb * 1e9 / bandwidth
@@ -81,7 +83,7 @@ def coefficients(config: Config) -> np.ndarray:
 
 # The keys each coefficient is made of, for an error that names them.
 COEFFICIENT_KEYS = {
-    OVERHEAD: "calibration.step_overhead_ms, calibration.layer_overhead_us",
+    OVERHEAD: "calibration.step_overhead_ms, calibration.layer_overhead_us, calibration.moe_layer_overhead_us",
     T_WEIGHTS: "model.weight_gb, hardware.mem_bandwidth_tb_s",
     T_KV: "model.kv_bytes_per_token, hardware.mem_bandwidth_tb_s",
     T_TOKEN: "model.params_b, hardware.peak_tflops",

@@ -74,8 +74,9 @@ class Model(_Preset):
     config_json: str | None = Field(None, **doc(
         "a Hugging Face config.json that fills every model field the config does not set, like a preset "
         "(relative to the config file that names it; replaces model.preset)"))
-    dtype: Literal["bf16", "fp8", "fp4"] = Field("bf16", **doc(
-        "the linear layers' weights: bf16 (2 bytes), fp8 (1) or fp4 (0.5625: 4 bits and a scale per 16); "
+    dtype: Literal["bf16", "fp8", "fp4", "mxfp4", "int4"] = Field("bf16", **doc(
+        "the linear layers' weights: bf16 (2 bytes), fp8 (1), fp4 (NVFP4, 0.5625: 4 bits and an 8-bit scale per "
+        "16), mxfp4 (0.53125: an 8-bit scale per 32) or int4 (0.5625: a bf16 scale per 32, weight-only); "
         "embeddings, norms, routers and the LM head stay bf16"))
     kv_dtype: Literal["bf16", "fp8"] = Field("bf16", **doc("the KV cache's values: bf16 (2 bytes) or fp8 (1)"))
     weight_gb: float = Field(15.008, ge=0, **Finite, **doc("weights, all of them at their dtypes", "GB"))

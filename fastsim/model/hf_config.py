@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-WEIGHT_BYTES = {"bf16": 2.0, "fp8": 1.0, "fp4": 0.5625}  # fp4: 4 bits and an 8-bit scale per 16 weights
+WEIGHT_BYTES = {"bf16": 2.0, "fp8": 1.0, "fp4": 0.5625, "mxfp4": 0.53125, "int4": 0.5625}
+"""Bytes a weight: fp4 (NVFP4) is 4 bits and an 8-bit scale per 16 weights, mxfp4 4 bits and an
+8-bit scale per 32, int4 4 bits and a bf16 scale per 32."""
 KV_BYTES = {"bf16": 2.0, "fp8": 1.0}
 
 
@@ -52,6 +55,8 @@ class Shape:
     expert: int = 0  # parameters of one routed expert of one layer
     dtype: str = "bf16"  # from the quantization config
     kv_dtype: str = "bf16"
+    kept: int = 0  # of ``linear``, the weights the checkpoint leaves bf16 (its quantization's ignore list)
+    index_head_dim: int = 0  # DeepSeek sparse attention: the indexer's key per token and layer (0: none)
     notices: tuple[str, ...] = field(default=(), compare=False)  # what the import approximates
 
     @property
@@ -74,10 +79,13 @@ class Shape:
         dtype, kv_dtype = dtype or self.dtype, kv_dtype or self.kv_dtype
         mla = self.kv_lora_rank > 0
         kv_values = self.kv_lora_rank + self.qk_rope_head_dim if mla else 2 * self.kv_heads * self.head_dim
+        # the sparse-attention indexer's keys: fp8 with a 4-byte scale per 128 values, whatever the KV dtype
+        index = self.index_head_dim + 4 * -(-self.index_head_dim // 128)
         return dict(
             dtype=dtype, kv_dtype=kv_dtype,
-            weight_gb=(self.linear * WEIGHT_BYTES[dtype] + self.plain * WEIGHT_BYTES["bf16"]) / 1e9,
-            kv_bytes_per_token=float(self.n_layers * kv_values * KV_BYTES[kv_dtype]),
+            weight_gb=((self.linear - self.kept) * WEIGHT_BYTES[dtype]
+                       + (self.kept + self.plain) * WEIGHT_BYTES["bf16"]) / 1e9,
+            kv_bytes_per_token=float(self.n_layers * (kv_values * KV_BYTES[kv_dtype] + index)),
             params_b=self.active / 1e9, vocab=self.vocab, hidden=self.hidden, n_layers=self.n_layers,
             heads=self.heads, kv_heads=self.kv_heads, head_dim=self.head_dim,
             kv_lora_rank=self.kv_lora_rank, qk_rope_head_dim=self.qk_rope_head_dim,
@@ -93,6 +101,7 @@ class _Reader:
 
     def __init__(self, path: Path, raw: dict, architecture: str):
         self.path, self.raw, self.architecture = path, raw, architecture
+        self.kind = READ_AS.get(architecture, architecture)  # the family whose fields it has
 
     def get(self, key: str, default: Any = None) -> Any:
         value = self.raw.get(key)
@@ -121,13 +130,15 @@ def _attention(r: _Reader) -> tuple[int, int, int, int, int]:
     plain = 0
     if r.get("attention_bias", False):
         plain += (heads + 2 * kv) * hd + hidden
-    if r.architecture.startswith("Qwen2"):  # q, k, v biases
+    if r.kind.startswith("Qwen2"):  # q, k, v biases
         plain += (heads + 2 * kv) * hd
-    if r.architecture.startswith("Qwen3"):  # q and k norms
+    if r.kind.startswith("Qwen3"):  # q and k norms
         plain += 2 * hd
-    if r.architecture.startswith("GptOss"):  # a sink per head
+    if r.kind.startswith("MiniMaxM2"):  # q and k norms over every head
+        plain += (heads + kv) * hd
+    if r.kind.startswith("GptOss"):  # a sink per head
         plain += heads
-    if r.architecture.startswith(HYBRID):  # an output gate per query head (in q_proj)
+    if r.kind.startswith(HYBRID):  # an output gate per query head (in q_proj)
         linear += hidden * heads * hd
     return heads, kv, hd, linear, plain
 
@@ -158,16 +169,22 @@ def _mla(r: _Reader) -> tuple[int, int, int, int, int, int, int]:
     q_lora = r.int("q_lora_rank", 0)
     q = hidden * q_lora + q_lora * heads * (nope + rope) if q_lora else hidden * heads * (nope + rope)
     linear = q + hidden * (lora + rope) + lora * heads * (nope + v) + heads * v * hidden
-    return heads, r.int("num_key_value_heads", heads), nope + rope, lora, rope, linear, q_lora + lora
+    plain = q_lora + lora
+    if r.get("index_topk"):  # DeepSeek sparse attention's indexer: queries from the q latent, one key, head weights
+        nh, hd = r.int("index_n_heads"), r.int("index_head_dim")
+        linear += (q_lora or hidden) * nh * hd + hidden * hd + hidden * nh
+        plain += 2 * hd  # the key's norm
+    return heads, r.int("num_key_value_heads", heads), nope + rope, lora, rope, linear, plain
 
 
 def _moe(r: _Reader) -> tuple[list[bool], int, int, int, int, int]:
     """Per layer whether it routes, and (experts, k, one expert, shared experts, router) of a
     MoE layer."""
-    a, n, hidden = r.architecture, r.int("num_hidden_layers"), r.int("hidden_size")
-    if a.startswith("Mixtral"):
+    a, n, hidden = r.kind, r.int("num_hidden_layers"), r.int("hidden_size")
+    if a.startswith(("Mixtral", "MiniMaxM2")):
         e, k, inter = r.int("num_local_experts"), r.int("num_experts_per_tok"), r.int("intermediate_size")
-        return [True] * n, e, k, 3 * hidden * inter, 0, hidden * e
+        bias = e if a.startswith("MiniMaxM2") and r.get("use_routing_bias", False) else 0
+        return [True] * n, e, k, 3 * hidden * inter, 0, hidden * e + bias
     if a.startswith(("Qwen2Moe", "Qwen3Moe", *HYBRID)):
         e, k, inter = r.int("num_experts"), r.int("num_experts_per_tok"), r.int("moe_intermediate_size")
         step, dense = r.int("decoder_sparse_step", 1), set(r.get("mlp_only_layers", []))
@@ -194,7 +211,7 @@ def _moe(r: _Reader) -> tuple[list[bool], int, int, int, int, int]:
 
 
 def _dense_mlp(r: _Reader) -> int:
-    key = "intermediate_size_mlp" if r.architecture.startswith("Llama4") else "intermediate_size"
+    key = "intermediate_size_mlp" if r.kind.startswith("Llama4") else "intermediate_size"
     return 3 * r.int("hidden_size") * r.int(key)
 
 
@@ -203,43 +220,58 @@ DENSE = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3For
          "Gemma2ForCausalLM", "Gemma3ForCausalLM")
 MOE = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "DeepseekV2ForCausalLM",
        "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", "GptOssForCausalLM", "Llama4ForConditionalGeneration",
-       "Llama4ForCausalLM", "Qwen3NextForCausalLM", "Qwen3_5MoeForConditionalGeneration", "Qwen3_5MoeForCausalLM")
+       "Llama4ForCausalLM", "Qwen3NextForCausalLM", "Qwen3_5MoeForConditionalGeneration", "Qwen3_5MoeForCausalLM",
+       "MiniMaxM2ForCausalLM", "KimiK25ForConditionalGeneration", "GlmMoeDsaForCausalLM")
 ARCHITECTURES = DENSE + MOE
 """The ``architectures`` a config.json may name."""
+READ_AS = {"KimiK25ForConditionalGeneration": "DeepseekV3ForCausalLM",  # its text tower is DeepSeek-V3's
+           "GlmMoeDsaForCausalLM": "DeepseekV32ForCausalLM"}  # MLA, DeepSeek's MoE and its sparse attention
+"""Architectures read with another's fields."""
 
 
-def _quantization(path: Path, raw: dict) -> tuple[str, str]:
-    """(dtype, kv_dtype) the file's quantization says (bf16 where it says nothing)."""
-    q = raw.get("quantization_config")
+def _quantization(path: Path, raw: dict, text: dict) -> tuple[str, str, tuple[str, ...]]:
+    """(dtype, kv_dtype, the modules it leaves unquantised) the file's quantization says (bf16
+    where it says nothing); a multimodal file may give it in its text tower."""
+    q = raw.get("quantization_config", text.get("quantization_config"))
     beside = path.with_name("hf_quant_config.json")
     if q is None and beside.is_file():
         q = _read(beside).get("quantization", {})
         q = {"quant_method": "modelopt", **q}
     if q is None:
-        return "bf16", "bf16"
+        return "bf16", "bf16", ()
     if not isinstance(q, dict):
         raise ModelFileError(f"{path}: field 'quantization_config' must be a mapping")
     method = str(q.get("quant_method", "")).lower()
     kv = "fp8" if str(q.get("kv_cache_quant_algo", "")).upper() == "FP8" or q.get("kv_cache_scheme") else "bf16"
+    ignored = q.get("ignore") or q.get("modules_to_not_convert") or q.get("exclude_modules") or []
+    ignored = tuple(str(m) for m in ignored) if isinstance(ignored, list) else ()
     if method in ("fp8", "fbgemm_fp8"):
-        return "fp8", kv
+        return "fp8", kv, ignored
     if method == "mxfp4":
-        return "fp4", kv
+        return "mxfp4", kv, ignored
     if method == "modelopt":  # in hf_quant_config.json, or inline
         algo = str(q.get("quant_algo", "")).upper()
         if algo in ("FP8", "NVFP4"):
-            return ("fp8" if algo == "FP8" else "fp4"), kv
+            return ("fp8" if algo == "FP8" else "fp4"), kv, ignored
         raise ModelFileError(f"{path}: quant_algo {algo!r} is not supported (FP8, NVFP4)")
     if method == "compressed-tensors":
-        bits = {g.get("weights", {}).get("num_bits") for g in q.get("config_groups", {}).values()
-                if isinstance(g, dict) and isinstance(g.get("weights"), dict) and g["weights"].get("type") == "float"}
-        if bits == {8}:
-            return "fp8", kv
-        if bits == {4}:
-            return "fp4", kv
-        raise ModelFileError(f"{path}: compressed-tensors weights other than float 8 or 4 bits are not supported")
+        kinds = {(g["weights"].get("type"), g["weights"].get("num_bits")) for g in q.get("config_groups", {}).values()
+                 if isinstance(g, dict) and isinstance(g.get("weights"), dict)}
+        named = {("float", 8): "fp8", ("float", 4): "fp4", ("int", 4): "int4"}
+        if len(kinds) == 1 and next(iter(kinds)) in named:
+            return named[next(iter(kinds))], kv, ignored
+        raise ModelFileError(f"{path}: compressed-tensors weights other than float 8 or 4 bits or int 4 bits "
+                             "are not supported")
     raise ModelFileError(f"{path}: field 'quantization_config.quant_method' {method!r} is not supported "
-                         "(fp8, mxfp4, modelopt FP8/NVFP4, compressed-tensors float)")
+                         "(fp8, mxfp4, modelopt FP8/NVFP4, compressed-tensors float or int4)")
+
+
+def _left_bf16(ignored: tuple[str, ...]) -> tuple[bool, bool, bool, bool]:
+    """Whether a quantization's ignore list leaves (full attention, linear attention, shared
+    experts, dense MLPs) bf16: checkpoints that do leave a kind out name it in every layer."""
+    return (any("self_attn" in m for m in ignored), any("linear_attn" in m for m in ignored),
+            any("shared_expert" in m for m in ignored),
+            any(re.search(r"mlp\\?\.\(?(gate|up|down)[|_]", m) and "expert" not in m for m in ignored))
 
 
 def _notices(r: _Reader, name: str) -> tuple[str, ...]:
@@ -251,7 +283,7 @@ def _notices(r: _Reader, name: str) -> tuple[str, ...]:
         what.append("sliding-window attention")
     if r.get("attention_chunk_size"):
         what.append(f"chunked attention ({r.get('attention_chunk_size')} tokens)")
-    if r.architecture.startswith(HYBRID):
+    if r.kind.startswith(HYBRID):
         what.append(f"linear attention ({sum(not f for f in _full_layers(r, r.int('num_hidden_layers')))} layers)")
     if r.get("index_topk"):
         what.append(f"sparse attention (top {r.get('index_topk')} tokens)")
@@ -296,33 +328,34 @@ def read(path: str) -> Shape:
     n, hidden = r.int("num_hidden_layers"), r.int("hidden_size")
     vocab = r.int("vocab_size")
     lora = rope = 0
-    if architecture.startswith("Deepseek"):
+    if r.kind.startswith("Deepseek"):
         heads, kv, hd, lora, rope, attention, attention_plain = _mla(r)
     else:
         heads, kv, hd, attention, attention_plain = _attention(r)
-    if architecture.startswith(HYBRID):  # the linear-attention layers' own weights; KV and cost as full
-        full = _full_layers(r, n)
-        delta, delta_plain = _linear_attention(r)
-        attention_all = sum(attention if f else delta for f in full)
-        attention_plain_all = sum(attention_plain if f else delta_plain for f in full)
-    else:
-        attention_all, attention_plain_all = n * attention, n * attention_plain
+    full = _full_layers(r, n) if r.kind.startswith(HYBRID) else [True] * n
+    delta, delta_plain = _linear_attention(r) if not all(full) else (0, 0)  # KV and cost as full attention
+    attention_all = sum(attention if f else delta for f in full)
+    attention_plain_all = sum(attention_plain if f else delta_plain for f in full)
     routes, experts, k, expert, shared, router = _moe(r)
     if experts and not 0 < k <= experts:
         raise ModelFileError(f"{p}: experts per token must be from 1 to the {experts} experts (got {k})")
     moe_layers = sum(routes)
     dense_mlp = _dense_mlp(r) if moe_layers < n else 0
-    tied = r.get("tie_word_embeddings", architecture.startswith("Gemma"))
+    tied = r.get("tie_word_embeddings", r.kind.startswith("Gemma"))
     linear = attention_all + (n - moe_layers) * dense_mlp + moe_layers * (experts * expert + shared)
     norms = 2 * hidden * n + hidden
     plain = vocab * hidden * (1 if tied else 2) + attention_plain_all + moe_layers * router + norms
-    if architecture.startswith("GptOss"):  # expert biases: gate_up and down
+    if r.kind.startswith("GptOss"):  # expert biases: gate_up and down
         plain += moe_layers * experts * (2 * r.int("intermediate_size") + hidden)
     active = attention_all + (n - moe_layers) * dense_mlp + moe_layers * (k * expert + shared + router)
-    dtype, kv_dtype = _quantization(p, raw)
+    dtype, kv_dtype, ignored = _quantization(p, raw, text)
+    attention_kept, delta_kept, shared_kept, dense_kept = _left_bf16(ignored)
+    kept = (attention_kept * sum(full) * attention + delta_kept * (n - sum(full)) * delta
+            + shared_kept * moe_layers * shared + dense_kept * (n - moe_layers) * dense_mlp)
     notices = _notices(r, p.parent.name or p.name)
     for notice in notices:
         warnings.warn(notice, Approximation, stacklevel=2)
     return Shape(architecture, n, hidden, heads, kv, hd, vocab, linear, plain, active, lora, rope, experts, k,
-                 moe_layers, expert, dtype, kv_dtype, notices)
+                 moe_layers, expert, dtype, kv_dtype, kept=kept,
+                 index_head_dim=r.int("index_head_dim", 0) if r.get("index_topk") else 0, notices=notices)
 

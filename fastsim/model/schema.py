@@ -79,6 +79,9 @@ class Calibration(Section):
         "fixed cost of every step (scheduling, launches)", "ms"))
     layer_overhead_us: float = Field(0.0, ge=0, **Finite, **doc(
         "added to every step per model layer (kernel latencies that grow with depth)", "us"))
+    moe_layer_overhead_us: float = Field(0.0, ge=0, **Finite, **doc(
+        "added to every step per layer that routes to experts (the MoE kernels' own latencies: routing, "
+        "sorting tokens by expert, the grouped GEMMs' launches)", "us"))
     api_overhead_ms: float = Field(0.0, ge=0, **Finite, **doc(
         "added to every token's time as the client sees it (HTTP, tokenising)", "ms"))
     stall_rate_hz: float = Field(0.0, ge=0, le=1000, **Finite, **doc(

@@ -31,11 +31,12 @@ def test_every_shipped_preset_imports_and_validates():
         assert (m.experts > 0) == (m.experts_per_token > 0) == (m.moe_layers > 0), name
 
 
-# Published (total, active) parameters, billions. Vendors count "active" two ways: with the
-# embedding table (Qwen, Mistral, DeepSeek) or without it (OpenAI: the LM head only); an import
-# must match one of them.
+# Published (total, active) parameters, billions. Vendors count "active" three ways: with the
+# embedding table (Qwen, Mistral, DeepSeek), without it (OpenAI: the LM head only) or without
+# either (MiniMax); an import must match one of them.
 PUBLISHED = {"deepseek-v3": (671, 37), "qwen3-30b-a3b": (30.5, 3.3), "qwen3-235b-a22b": (235, 22),
-             "gpt-oss-120b": (117, 5.1), "mixtral-8x7b": (46.7, 12.9)}
+             "gpt-oss-120b": (117, 5.1), "mixtral-8x7b": (46.7, 12.9), "minimax-m2.5-nvfp4": (229, 10),
+             "kimi-k2.5": (1040, 32), "glm-5": (744, 40), "qwen3.5-397b-a17b": (397, 17)}
 
 
 @pytest.mark.parametrize("name", PUBLISHED)
@@ -44,7 +45,7 @@ def test_totals_are_the_published_counts(name):
     total, active = PUBLISHED[name]
     assert abs(s.total / 1e9 / total - 1) < 0.03
     with_embedding = s.active_with_head + s.vocab * s.hidden
-    assert min(abs(s.active_with_head / 1e9 / active - 1), abs(with_embedding / 1e9 / active - 1)) < 0.03
+    assert min(abs(count / 1e9 / active - 1) for count in (s.active, s.active_with_head, with_embedding)) < 0.03
 
 
 def test_shapes_are_the_files():
@@ -82,7 +83,8 @@ def test_sizes_agree_with_a_derivation_written_again():
 
 
 @pytest.mark.parametrize("name, dtype, kv_dtype", [
-    ("qwen3-32b-fp8", "fp8", "bf16"), ("gpt-oss-120b", "fp4", "bf16"), ("qwen3-235b-a22b-nvfp4", "fp4", "fp8"),
+    ("qwen3-32b-fp8", "fp8", "bf16"), ("gpt-oss-120b", "mxfp4", "bf16"), ("qwen3-235b-a22b-nvfp4", "fp4", "fp8"),
+    ("minimax-m2.5-nvfp4", "fp4", "fp8"), ("kimi-k2.5", "int4", "bf16"), ("kimi-k2.5-nvfp4", "fp4", "fp8"),
     ("llama-3.1-70b-fp8", "fp8", "fp8"), ("llama-4-scout-fp8", "fp8", "bf16"), ("qwen3.5-122b-a10b-nvfp4", "fp4", "fp8"),
     ("qwen3-32b", "bf16", "bf16")])
 def test_the_quantization_config_sets_the_precision(name, dtype, kv_dtype):
@@ -101,10 +103,44 @@ def test_a_precision_set_on_a_preset_resizes_it():
     assert explicit.weight_gb == 40  # explicit keys win
 
 
+def test_what_a_checkpoint_leaves_unquantised_stays_bf16():
+    """gpt-oss keeps attention bf16 beside MXFP4 experts; Kimi-K2.5's INT4 covers the routed
+    experts only (attention, shared experts and the dense first layer stay bf16)."""
+    s = shape("gpt-oss-120b")
+    attention = s.n_layers * (2 * s.hidden * s.heads * s.head_dim + 2 * s.hidden * s.kv_heads * s.head_dim)
+    assert s.kept == attention
+    assert s.fields()["weight_gb"] == pytest.approx(
+        ((s.linear - attention) * 0.53125 + (attention + s.plain) * 2) / 1e9, rel=1e-12)
+    k = shape("kimi-k2.5")
+    routed = k.moe_layers * k.experts * k.expert
+    assert k.kept == k.linear - routed  # everything but the routed experts
+    assert k.fields()["expert_gb"] == pytest.approx(k.expert * (0.5 + 2 / 32) / 1e9)
+    assert shape("deepseek-v3").kept == 0  # block fp8 everywhere
+
+
+def test_int4_runs_weight_only_and_mxfp4_on_fp4_tensor_cores():
+    from fastsim.model.cost import peak_tflops
+
+    b200 = {"hardware.preset": "b200"}
+    assert peak_tflops(Config().with_values({**b200, "model.preset": "kimi-k2.5"})) == 2250.0
+    assert peak_tflops(Config().with_values({**b200, "model.preset": "gpt-oss-120b"})) == 9000.0
+    assert peak_tflops(Config().with_values({"hardware.preset": "h100-sxm", "model.preset": "gpt-oss-120b"})) == 989.0
+
+
+def test_sparse_attention_keeps_its_indexer_keys():
+    """DeepSeek-V3.2 and GLM-5 cache the indexer's fp8 key (128 values and a 4-byte scale) per
+    token and layer beside the latent KV; the indexer's weights are counted."""
+    g = Config().with_values({"model.preset": "glm-5"}).model
+    assert g.kv_bytes_per_token == 78 * ((512 + 64) * 2 + 132)
+    assert (g.n_layers, g.experts, g.experts_per_token, g.moe_layers) == (78, 256, 8, 75)
+    assert shape("deepseek-v3.2").total - shape("deepseek-v3").total == 61 * (
+        1536 * 64 * 128 + 7168 * 128 + 7168 * 64 + 2 * 128)
+
+
 @pytest.mark.parametrize("name, what", [("gpt-oss-120b", "sliding-window attention (128 tokens)"),
                                         ("llama-4-scout", "chunked attention (8192 tokens)"),
                                         ("qwen3.5-35b-a3b", "linear attention (30 layers)"),
-                                        ("deepseek-v3.2", "sparse attention")])
+                                        ("deepseek-v3.2", "sparse attention"), ("glm-5", "sparse attention")])
 def test_what_is_not_full_attention_is_said_once_on_stderr(tmp_path, root, name, what):
     folder = tmp_path / name  # a copy: the notice comes with a file's first import in a process
     folder.mkdir()
@@ -116,7 +152,8 @@ def test_what_is_not_full_attention_is_said_once_on_stderr(tmp_path, root, name,
         warnings.showwarning = common._show_warning
         result = CliRunner().invoke(app, ["run", str(root / "configs/h100.yaml"), "--set",
                                           f"model.config_json={folder}/config.json", "--set", "workload.n_requests=20",
-                                          "--set", "hardware.preset=b200", "--set", "engine.tp=8"])
+                                          "--set", "hardware.preset=b200", "--set", "engine.tp=8",
+                                          "--set", "model.dtype=fp8"])  # (GLM-5 in bf16 needs more than 8 B200s)
     assert result.exit_code == 0, result.output
     notices = [line for line in result.stderr.splitlines() if line.startswith("notice: ")]
     assert len(notices) == 1 and what in notices[0] and "imported as full attention" in notices[0]
