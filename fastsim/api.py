@@ -41,7 +41,7 @@ from .model.keys import config_keys, default_text, reference_markdown  # noqa: F
 from .model.loading import parse_override  # noqa: F401
 from .model.fleet import prefix_cache  # noqa: F401
 from .model.hf_config import Approximation, read as model_shape  # noqa: F401
-from .model.presets import DATASHEETS, HARDWARE, MODELS, PRICE_SOURCES  # noqa: F401
+from .model.presets import DATASHEETS, HARDWARE, MODELS, NETWORK, PRICE_SOURCES  # noqa: F401
 from .model.schema import LARGEST_POOL  # noqa: F401
 from .sweep.checkpoint import ResumeWarning  # noqa: F401
 from .sweep.memory import parse_size  # noqa: F401

@@ -56,7 +56,25 @@ def oracle_engine(c: Config, prefill: bool = False) -> oracle_serving.Engine:
             "int4": None}[m.dtype] or hw.peak_tflops  # (int4 is weight-only: the bf16 peak)
     free = hw.peak_tflops is None or m.params_b is None
     comm_fixed = comm_token = 0.0
-    if e.tp > 1:
+    nodes = 1 if hw.scaleup_gpus is None or e.tp <= hw.scaleup_gpus else e.tp // hw.scaleup_gpus
+    if nodes > 1:  # tp spans scale-up domains: within each a reduce-scatter and an all-gather over the link,
+        # between them a ring all-reduce of a domain's share over the network; an exchange sends each
+        # token's k copies to the other GPUs, over the link and the network at once
+        inside = e.tp // nodes
+        token = m.hidden * 2  # bytes of one token's activations
+        all_reduce = (2 * (inside - 1) / inside * token / (hw.link_gb_s * 1e9)
+                      + 2 * (nodes - 1) / nodes * (token / inside) / (hw.scaleout_gb_s * 1e9))
+        hop = hw.link_latency_us * 1e-6 + 2 * (nodes - 1) * hw.scaleout_latency_us * 1e-6
+        if e.expert_parallel:
+            copies = m.experts_per_token * token
+            dispatch = max(copies * (inside - 1) / e.tp / (hw.link_gb_s * 1e9),
+                           copies * (e.tp - inside) / e.tp / (hw.scaleout_gb_s * 1e9))
+            comm_fixed = (2 * m.n_layers + m.moe_layers) * hop
+            comm_token = (2 * m.n_layers - m.moe_layers) * all_reduce + m.moe_layers * 2 * dispatch
+        else:
+            comm_fixed = 2 * m.n_layers * hop
+            comm_token = 2 * m.n_layers * all_reduce
+    elif e.tp > 1:
         all_reduce = 2 * (e.tp - 1) / e.tp * m.hidden * 2 / (hw.link_gb_s * 1e9)
         if e.expert_parallel:  # each MoE layer: one all-reduce, a dispatch and a combine
             dispatch = (e.tp - 1) / e.tp * m.experts_per_token * m.hidden * 2 / (hw.link_gb_s * 1e9)
@@ -124,6 +142,10 @@ def serving_configs(draw) -> Config:
         "model.kv_heads": draw(st.sampled_from([None, 2, 8])),  # with tp 4 or 8 over 2 heads: replicated
         "hardware.link_gb_s": 450.0,
         "hardware.link_latency_us": draw(st.sampled_from([0.0, 5.0])),
+        # a tp group over several scale-up domains, joined by a network
+        "hardware.scaleup_gpus": draw(st.sampled_from([None, None, 2, 4])),
+        "hardware.scaleout_gb_s": 50.0,
+        "hardware.scaleout_latency_us": draw(st.sampled_from([0.0, 10.0])),
         "calibration.step_overhead_ms": draw(st.sampled_from([0.0, 0.0, 1.5])),
         "calibration.layer_overhead_us": draw(st.sampled_from([0.0, 0.0, 30.0])),
         "calibration.api_overhead_ms": draw(st.sampled_from([0.0, 0.0, 20.0])),

@@ -140,21 +140,23 @@ def bench(
 @command
 def presets() -> None:
     """List the hardware and model presets with the values they fill."""
-    from ..api import DATASHEETS, HARDWARE, MODELS, PRICE_SOURCES, Approximation, model_shape
+    from ..api import DATASHEETS, HARDWARE, MODELS, NETWORK, PRICE_SOURCES, Approximation, model_shape
 
     def num(v: float | None) -> str:
         return "n/a" if v is None else f"{v:g}"
 
     print_table(
-        "hardware.preset (dense TFLOP/s by precision, HBM TB/s, GB, link GB/s per direction, on-demand USD per "
-        "GPU-hour)",
-        ["preset", "bf16", "fp8", "fp4", "TB/s", "GB", "link", "usd/h"],
+        "hardware.preset (dense TFLOP/s by precision, HBM TB/s, GB, link GB/s per direction, GPUs a link joins, "
+        "network GB/s per GPU between them, on-demand USD per GPU-hour)",
+        ["preset", "bf16", "fp8", "fp4", "TB/s", "GB", "link", "domain", "network", "usd/h"],
         [[name, *(num(v[f]) for f in ("peak_tflops", "peak_tflops_fp8", "peak_tflops_fp4", "mem_bandwidth_tb_s",
-                                        "mem_gb", "link_gb_s", "usd_per_gpu_hour"))] for name, v in HARDWARE.items()],
+                                        "mem_gb", "link_gb_s", "scaleup_gpus", "scaleout_gb_s", "usd_per_gpu_hour"))]
+         for name, v in HARDWARE.items()],
     )
     out.print("datasheets:")
     for name, source in DATASHEETS.items():
         out.print(f"  {name}: {source}", soft_wrap=True)
+    out.print(f"networks: {NETWORK}", soft_wrap=True)
     out.print("prices (hardware.usd_per_gpu_hour overrides them; n/a: none found, cost is NaN until it is set):")
     for name, source in PRICE_SOURCES.items():
         out.print(f"  {name}: {source}", soft_wrap=True)

@@ -80,6 +80,15 @@ def _engine_runs(config: Config, output_max: int, prefill: bool = False) -> None
                                   ("model.hidden", m.hidden)) if v is None]
         if missing:
             raise ConfigError(f"{key('engine.tp')} ({e.tp}) > 1 needs {' and '.join(missing)} for the all-reduce cost")
+        g = hw.scaleup_gpus
+        if g is not None and e.tp > g:
+            if e.tp % g:
+                raise ConfigError(f"{key('engine.tp')} ({e.tp}) spans scale-up domains of {key('hardware.scaleup_gpus')} "
+                                  f"({g}) GPUs unevenly: give a multiple of {g}, or at most {g}")
+            if hw.scaleout_gb_s is None:
+                raise ConfigError(f"{key('engine.tp')} ({e.tp}) spans {e.tp // g} scale-up domains of "
+                                  f"{key('hardware.scaleup_gpus')} ({g}) GPUs, but {key('hardware.scaleout_gb_s')} is "
+                                  f"null (no network between them): set it, or a tp of at most {g}")
     _steps_are_finite(config, w.prompt.largest + output_max if w.trace is None else 1, key)
     capacity = kv_capacity_gb(config)
     if capacity is not None and capacity <= 0:

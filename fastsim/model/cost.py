@@ -69,7 +69,22 @@ def coefficients(config: Config) -> np.ndarray:
             k[T_PAIR] = 4 * m.n_layers * m.attn_dim / flops
         if m.vocab is not None:  # the LM head, where a token is sampled
             k[T_SAMPLE] = 2 * m.hidden * m.vocab / flops
-    if e.tp > 1:  # per layer two all-reduces of N x hidden BF16 values (ring: 2 (tp-1)/tp of it moves)
+    span = domains(config)
+    if e.tp > 1 and span > 1:  # over several scale-up domains: hierarchical collectives
+        g = e.tp // span  # GPUs of the group in each domain
+        link = m.hidden * 2 / (hw.link_gb_s * 1e9)  # one token's BF16 activations over the link, and
+        net = m.hidden * 2 / (hw.scaleout_gb_s * 1e9)  # over the network
+        # reduce-scatter and all-gather within each domain, an all-reduce of 1/g of it between domains
+        all_reduce = 2 * (g - 1) / g * link + 2 * (span - 1) / span * net / g
+        latency = (hw.link_latency_us + 2 * (span - 1) * hw.scaleout_latency_us) * 1e-6  # a ring over domains
+        if e.expert_parallel:  # k copies of each token, those to other domains over the network, at once
+            dispatch = m.experts_per_token * max((g - 1) / e.tp * link, (e.tp - g) / e.tp * net)
+            k[T_LINK] = (2 * m.n_layers + m.moe_layers) * latency
+            k[T_LINK_TOKEN] = (2 * m.n_layers - m.moe_layers) * all_reduce + m.moe_layers * 2 * dispatch
+        else:
+            k[T_LINK] = 2 * m.n_layers * latency
+            k[T_LINK_TOKEN] = 2 * m.n_layers * all_reduce
+    elif e.tp > 1:  # per layer two all-reduces of N x hidden BF16 values (ring: 2 (tp-1)/tp of it moves)
         per_value = m.hidden * 2 / (hw.link_gb_s * 1e9)
         if e.expert_parallel:  # a MoE layer's MLP all-reduce becomes a dispatch and a combine of k copies
             k[T_LINK] = (2 * m.n_layers + m.moe_layers) * hw.link_latency_us * 1e-6
@@ -145,6 +160,14 @@ def is_lesson(config: Config, k: np.ndarray | None = None) -> bool:
         and config.calibration.api_overhead_ms == 0
         and not (config.engine.async_scheduling and config.engine.policy == "continuous")
     )
+
+
+def domains(config: Config) -> int:
+    """The scale-up domains (``hardware.scaleup_gpus`` GPUs each) a replica's tensor-parallel
+    group spans: 1 within one (checked elsewhere: a group beyond one fills whole domains, over a
+    network)."""
+    g = config.hardware.scaleup_gpus
+    return 1 if g is None or config.engine.tp <= g else config.engine.tp // g
 
 
 def replicated(config: Config) -> bool:

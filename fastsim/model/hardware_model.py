@@ -63,6 +63,14 @@ class Hardware(_Preset):
         "tensor-parallel link bandwidth per direction, per GPU", "GB/s"))
     link_latency_us: float = Field(0.0, ge=0, **Finite, **doc("latency of one all-reduce on the tensor-parallel link",
                                                                 "us"))
+    scaleup_gpus: Int | None = Field(None, ge=1, **doc(
+        "GPUs the tensor-parallel link joins (one NVLink or Infinity Fabric domain: 8 on HGX-class boards, 72 on "
+        "GB200 NVL72; null: any number); a group beyond it spans domains over hardware.scaleout_gb_s", "GPUs"))
+    scaleout_gb_s: float | None = Field(None, gt=0, **Finite, **doc(
+        "network bandwidth per GPU and direction between scale-up domains (null: none; a group cannot span them)",
+        "GB/s"))
+    scaleout_latency_us: float = Field(0.0, ge=0, **Finite, **doc(
+        "latency each step between domains adds to a collective (a ring over N domains takes 2 (N - 1) steps)", "us"))
     usd_per_gpu_hour: float | None = Field(None, ge=0, **Finite, **doc(
         "on-demand price of one GPU-hour (a preset carries one, with its source; null: unknown, cost is NaN)",
         "USD/GPU-hour"))

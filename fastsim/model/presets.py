@@ -18,39 +18,53 @@ from pathlib import Path
 HARDWARE: dict[str, dict[str, float | None]] = {
     # NVLink 4: 900 GB/s bidirectional per GPU
     "h100-sxm": dict(peak_tflops=989.0, peak_tflops_fp8=1979.0, peak_tflops_fp4=None, mem_bandwidth_tb_s=3.35,
-                     mem_gb=80.0, link_gb_s=450.0, link_latency_us=5.0, usd_per_gpu_hour=2.69),
+                     mem_gb=80.0, link_gb_s=450.0, link_latency_us=5.0, usd_per_gpu_hour=2.69,
+                     scaleup_gpus=8, scaleout_gb_s=50.0, scaleout_latency_us=10.0),
     "h200": dict(peak_tflops=989.0, peak_tflops_fp8=1979.0, peak_tflops_fp4=None, mem_bandwidth_tb_s=4.8,
-                 mem_gb=141.0, link_gb_s=450.0, link_latency_us=5.0, usd_per_gpu_hour=3.59),
+                 mem_gb=141.0, link_gb_s=450.0, link_latency_us=5.0, usd_per_gpu_hour=3.59,
+                 scaleup_gpus=8, scaleout_gb_s=50.0, scaleout_latency_us=10.0),
     # NVLink 3: 600 GB/s bidirectional
     "a100-80gb": dict(peak_tflops=312.0, peak_tflops_fp8=None, peak_tflops_fp4=None, mem_bandwidth_tb_s=2.039,
-                      mem_gb=80.0, link_gb_s=300.0, link_latency_us=5.0, usd_per_gpu_hour=1.39),
+                      mem_gb=80.0, link_gb_s=300.0, link_latency_us=5.0, usd_per_gpu_hour=1.39,
+                      scaleup_gpus=8, scaleout_gb_s=25.0, scaleout_latency_us=10.0),
     # NVLink 5: 1.8 TB/s bidirectional
     "b200": dict(peak_tflops=2250.0, peak_tflops_fp8=4500.0, peak_tflops_fp4=9000.0, mem_bandwidth_tb_s=8.0,
-                 mem_gb=180.0, link_gb_s=900.0, link_latency_us=5.0, usd_per_gpu_hour=5.98),
+                 mem_gb=180.0, link_gb_s=900.0, link_latency_us=5.0, usd_per_gpu_hour=5.98,
+                 scaleup_gpus=8, scaleout_gb_s=50.0, scaleout_latency_us=10.0),
     # no NVLink: PCIe Gen4 x16
     "l40s": dict(peak_tflops=362.0, peak_tflops_fp8=733.0, peak_tflops_fp4=None, mem_bandwidth_tb_s=0.864,
-                 mem_gb=48.0, link_gb_s=32.0, link_latency_us=10.0, usd_per_gpu_hour=0.79),
+                 mem_gb=48.0, link_gb_s=32.0, link_latency_us=10.0, usd_per_gpu_hour=0.79,
+                 scaleup_gpus=8, scaleout_gb_s=None, scaleout_latency_us=0.0),
     # Infinity Fabric: 7 links of 64 GB/s per direction
     "mi300x": dict(peak_tflops=1307.0, peak_tflops_fp8=2614.9, peak_tflops_fp4=None, mem_bandwidth_tb_s=5.3,
-                   mem_gb=192.0, link_gb_s=448.0, link_latency_us=5.0, usd_per_gpu_hour=1.85),
+                   mem_gb=192.0, link_gb_s=448.0, link_latency_us=5.0, usd_per_gpu_hour=1.85,
+                   scaleup_gpus=8, scaleout_gb_s=50.0, scaleout_latency_us=10.0),
     # Without a price below (None: cost is NaN until hardware.usd_per_gpu_hour is set). PCIe parts'
     # tensor-parallel link is PCIe (per direction), with the latency of the other PCIe preset.
     "h100-pcie": dict(peak_tflops=756.5, peak_tflops_fp8=1513.0, peak_tflops_fp4=None, mem_bandwidth_tb_s=2.0,
-                      mem_gb=80.0, link_gb_s=64.0, link_latency_us=10.0, usd_per_gpu_hour=None),
+                      mem_gb=80.0, link_gb_s=64.0, link_latency_us=10.0, usd_per_gpu_hour=None,
+                      scaleup_gpus=8, scaleout_gb_s=None, scaleout_latency_us=0.0),
     "b300": dict(peak_tflops=2250.0, peak_tflops_fp8=4500.0, peak_tflops_fp4=13125.0, mem_bandwidth_tb_s=8.0,
-                 mem_gb=288.0, link_gb_s=900.0, link_latency_us=5.0, usd_per_gpu_hour=None),
+                 mem_gb=288.0, link_gb_s=900.0, link_latency_us=5.0, usd_per_gpu_hour=None,
+                 scaleup_gpus=8, scaleout_gb_s=100.0, scaleout_latency_us=10.0),
     "gb200": dict(peak_tflops=2500.0, peak_tflops_fp8=5000.0, peak_tflops_fp4=10000.0, mem_bandwidth_tb_s=8.0,
-                  mem_gb=186.0, link_gb_s=900.0, link_latency_us=5.0, usd_per_gpu_hour=None),
+                  mem_gb=186.0, link_gb_s=900.0, link_latency_us=5.0, usd_per_gpu_hour=None,
+                  scaleup_gpus=72, scaleout_gb_s=50.0, scaleout_latency_us=10.0),
     "a100-40gb": dict(peak_tflops=312.0, peak_tflops_fp8=None, peak_tflops_fp4=None, mem_bandwidth_tb_s=1.555,
-                      mem_gb=40.0, link_gb_s=300.0, link_latency_us=5.0, usd_per_gpu_hour=None),
+                      mem_gb=40.0, link_gb_s=300.0, link_latency_us=5.0, usd_per_gpu_hour=None,
+                      scaleup_gpus=8, scaleout_gb_s=25.0, scaleout_latency_us=10.0),
     "l4": dict(peak_tflops=121.0, peak_tflops_fp8=242.5, peak_tflops_fp4=None, mem_bandwidth_tb_s=0.3, mem_gb=24.0,
-               link_gb_s=32.0, link_latency_us=10.0, usd_per_gpu_hour=None),
+               link_gb_s=32.0, link_latency_us=10.0, usd_per_gpu_hour=None,
+               scaleup_gpus=8, scaleout_gb_s=None, scaleout_latency_us=0.0),
     "rtx-pro-6000": dict(peak_tflops=500.0, peak_tflops_fp8=1000.0, peak_tflops_fp4=2000.0, mem_bandwidth_tb_s=1.597,
-                         mem_gb=96.0, link_gb_s=64.0, link_latency_us=10.0, usd_per_gpu_hour=None),
+                         mem_gb=96.0, link_gb_s=64.0, link_latency_us=10.0, usd_per_gpu_hour=None,
+                         scaleup_gpus=8, scaleout_gb_s=None, scaleout_latency_us=0.0),
     "mi325x": dict(peak_tflops=1307.4, peak_tflops_fp8=2614.9, peak_tflops_fp4=None, mem_bandwidth_tb_s=6.0,
-                   mem_gb=256.0, link_gb_s=448.0, link_latency_us=5.0, usd_per_gpu_hour=None),
+                   mem_gb=256.0, link_gb_s=448.0, link_latency_us=5.0, usd_per_gpu_hour=None,
+                   scaleup_gpus=8, scaleout_gb_s=50.0, scaleout_latency_us=10.0),
     "mi355x": dict(peak_tflops=2516.6, peak_tflops_fp8=5033.2, peak_tflops_fp4=10066.3, mem_bandwidth_tb_s=8.0,
-                   mem_gb=288.0, link_gb_s=537.6, link_latency_us=5.0, usd_per_gpu_hour=None),
+                   mem_gb=288.0, link_gb_s=537.6, link_latency_us=5.0, usd_per_gpu_hour=None,
+                   scaleup_gpus=8, scaleout_gb_s=50.0, scaleout_latency_us=10.0),
 }
 
 DATASHEETS: dict[str, str] = {
@@ -87,6 +101,15 @@ B200's 8 TB/s and dense 2,250 / 4,500 / 9,000 TFLOPS BF16 / FP8 / FP4 (Vultr's H
 2026-03; glennklockwood.com's B200 page); MI355X's 8 TB/s, 288 GB and 10 PF dense FP4 (several
 vendor summaries). Still uncertain: MI355X's Infinity Fabric per direction, and the RTX PRO
 6000's tensor rates, derived from one marketing figure."""
+
+NETWORK = ("Scale-up domains and networks: 8 GPUs on one NVSwitch or Infinity Fabric board (NVIDIA HGX/DGX "
+           "H100, H200, A100, B200, B300 datasheets; AMD MI300X/MI325X/MI355X platform briefs), 72 on GB200 NVL72 "
+           "(its product page); one network adapter per GPU: DGX H100/H200/B200 and GB200 NVL72 8x or 72x "
+           "ConnectX-7 400 Gb/s (50 GB/s), DGX B300 ConnectX-8 800 Gb/s (100 GB/s), DGX A100 ConnectX-6 200 Gb/s "
+           "(25 GB/s), MI3xx platforms 400 Gb/s adapters (50 GB/s, a typical build, not a datasheet figure). "
+           "PCIe presets carry no network: a group beyond their 8 GPUs is refused. Latency between domains "
+           "(10 us a ring step) is an estimate of an InfiniBand hop plus NCCL's protocol, not a datasheet figure.")
+"""Where the presets' scale-up domains and scale-out networks come from."""
 
 PRICE_SOURCES: dict[str, str] = {
     # NVIDIA parts: RunPod Secure Cloud on-demand list (per GPU, SXM where there is a choice)

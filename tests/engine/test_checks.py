@@ -24,6 +24,12 @@ NEVER = [
     ({"engine.tp": 2}, "engine.tp (2) > 1 needs hardware.link_gb_s and model.n_layers and model.hidden"),
     ({"engine.kv_alloc": "lazy"}, "engine.kv_alloc: Input should be 'paged' or 'reserve'"),
     ({"calibration.layer_overhead_us": 10}, "calibration.layer_overhead_us (10) needs model.n_layers"),
+    ({"model.preset": "llama-3.1-405b", "hardware.preset": "l40s", "engine.tp": 16},
+     "engine.tp (16) spans 2 scale-up domains of hardware.scaleup_gpus (8) GPUs, but hardware.scaleout_gb_s is null"),
+    ({"model.preset": "llama-3.1-405b", "hardware.preset": "h100-sxm", "engine.tp": 12},
+     "engine.tp (12) must divide the 8 KV heads"),
+    ({"model.preset": "qwen3-235b-a22b", "hardware.preset": "h100-sxm", "engine.tp": 12},
+     "engine.tp (12) spans scale-up domains of hardware.scaleup_gpus (8) GPUs unevenly: give a multiple of 8"),
 ]
 
 

@@ -1,6 +1,7 @@
 """Presets: they fill the fields a config leaves unset, are listed by `fastsim presets`, and
 work as sweep axes."""
 
+import pytest
 from typer.testing import CliRunner
 
 from fastsim import Config, simulate
@@ -92,3 +93,22 @@ def test_a_tp_that_neither_divides_nor_is_a_multiple_of_the_kv_heads_is_refused(
     assert result.exit_code == 2
     assert "engine.tp (4) must divide the 6 KV heads of model.preset llama-3.1-8b, or be a multiple of them" \
         in result.stderr
+
+
+def test_a_tp_group_beyond_its_scale_up_domain_all_reduces_over_the_network():
+    """tp 16 on H100 (two HGX boards joined by 400 Gb/s adapters): within each board a
+    reduce-scatter and an all-gather over NVLink, between the two an all-reduce of an eighth of the
+    activations over the network, each step between boards 10 us; on GB200 NVL72 the same 16 GPUs
+    stay within one NVLink domain, where the cost is the single-domain ring's."""
+    from fastsim.model.cost import T_LINK, T_LINK_TOKEN, coefficients
+
+    base = {"model.preset": "llama-3.1-405b", "engine.tp": 16}
+    h100 = Config().with_values({**base, "hardware.preset": "h100-sxm"})
+    k = coefficients(h100)
+    token = 16384 * 2  # bytes of one token's activations
+    all_reduce = 2 * 7 / 8 * token / 450e9 + 2 * 1 / 2 * token / 8 / 50e9
+    assert k[T_LINK_TOKEN] == pytest.approx(2 * 126 * all_reduce, rel=1e-12)
+    assert k[T_LINK] == pytest.approx(2 * 126 * (5e-6 + 2 * 10e-6), rel=1e-12)
+    gb200 = coefficients(Config().with_values({**base, "hardware.preset": "gb200"}))
+    assert gb200[T_LINK_TOKEN] == pytest.approx(2 * 126 * 2 * 15 / 16 * token / 900e9, rel=1e-12)
+    assert gb200[T_LINK] == pytest.approx(2 * 126 * 5e-6, rel=1e-12)
