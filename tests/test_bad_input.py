@@ -177,8 +177,6 @@ for id, args, names in [
      "concurrency (8 clients: a closed loop) and arrival (constant)"),
     ("with-trace", ["workload.concurrency=8", "--set", "workload.trace=traces/AzureLLMInferenceTrace_conv.csv", *CLIENTS],
      "workload.concurrency: not with a workload.trace"),
-    ("with-sessions", ["workload.concurrency=8", "--set", "workload.sessions.turns.max=4", *CLIENTS],
-     "workload.concurrency: not with workload.sessions"),
     ("static", ["workload.concurrency=8", "--set", "engine.policy=static", *CLIENTS],
      "workload.concurrency needs engine.policy continuous"),
     ("warmup-duration", ["workload.concurrency=8", "--set", "workload.warmup=10s", *CLIENTS], "workload.warmup"),

@@ -134,9 +134,6 @@ def _prefix_cache(config: Config) -> None:
         raise ConfigError(f"{what} needs a KV cache of known size: set hardware.mem_gb (a hardware.preset does) "
                           f"or engine.kv_cache_gb{off}")
     if w.concurrency is not None:
-        if w.sessions is not None:
-            raise ConfigError("workload.concurrency: not with workload.sessions (closed-loop clients send "
-                              "independent requests; a session's turns are their own closed loop)")
         if w.trace is not None:
             raise ConfigError("workload.concurrency: not with a workload.trace (a trace records its own arrivals)")
         if w.warmup_window[0] == "seconds":

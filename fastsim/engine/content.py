@@ -15,8 +15,9 @@ of their own (children of the workload seed): turns 5, follow-ups 6, think times
 arrivals 0, outputs 1 and prompts 2 as for independent requests.
 
 Closed-loop clients (``concurrency``) are content too: requests that share nothing (or system
-prompts), whose arrivals after the first C the run sets (:func:`clients`); their think times come
-from stream 7.
+prompts), or sessions, whose arrivals after the first C the run sets (:func:`clients`); their
+think times come from stream 7 (with sessions, whose turns take stream 7, from a stream of their
+own).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from ..model.schema import Workload
 from .streams import stream
 
 TURNS, FOLLOWUP, THINK, GROUPS = 5, 6, 7, 8  # child streams of the workload seed
+CLIENT_THINK = 1 << 20  # closed-loop clients' think times between sessions (beyond every replica's stall stream)
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,19 @@ class Content:
         """Some request shares tokens with another or with a system prompt."""
         n = self.session.size
         return bool(self.hash_ids.size or (self.parent[:n] >= 0).any())
+
+    @property
+    def next_start(self) -> np.ndarray:
+        """Closed-loop clients: per request, the request its client takes once this one's
+        session is done (each request a session of its own without sessions): the first turn of
+        the session after its own (n: none); empty without clients."""
+        n = self.turn.size
+        if not self.clients:
+            return np.empty(0, np.int64)
+        if not np.any(self.turn > 1):
+            return np.arange(1, n + 1, dtype=np.int64)
+        starts = np.append(np.flatnonzero(self.turn <= 1), n)
+        return starts[np.searchsorted(starts, np.arange(n), side="right")]
 
     @property
     def closed_loop(self) -> bool:
@@ -98,14 +113,15 @@ def with_system_prompts(w: Workload, n: int) -> Content:
     return Content(parent, shared, c.hash_start, c.hash_ids, 1, c.session, c.turn, group, c.think_s)
 
 
-def think_times(w: Workload, n: int) -> np.ndarray:
-    """``n`` think times of the sessions' (or the closed-loop clients') distribution."""
-    t = w.sessions.think_s if w.sessions is not None else w.think_s
+def think_times(w: Workload, n: int, clients: bool = False) -> np.ndarray:
+    """``n`` think times of the sessions' distribution, or with ``clients`` (or without
+    sessions) the closed-loop clients'."""
+    t = w.sessions.think_s if w.sessions is not None and not clients else w.think_s
     if t is None:  # clients without think time
         return np.zeros(n)
     if t.dist == "fixed":
         return np.full(n, t.value)
-    rng = stream(w.seed, THINK)
+    rng = stream(w.seed, CLIENT_THINK if w.sessions is not None and clients else THINK)
     if t.dist == "exponential":
         return rng.standard_exponential(n) * t.mean
     return np.exp(rng.standard_normal(n) * t.sigma + t.mu)
@@ -133,15 +149,22 @@ def sessions(w: Workload, starts: np.ndarray, first_prompt: np.ndarray, output: 
 
 def clients(w: Workload, c: Content) -> tuple[np.ndarray, Content]:
     """Closed-loop clients (``workload.concurrency`` C) over requests ``c`` (what they share:
-    system prompts or nothing): client k sends request k at k ramp_s / C; every later request is
-    taken, in order, by the first client whose request is done, and sent its think time after.
-    Returns the given arrivals (NaN for the requests the run releases) and the content."""
+    system prompts or nothing, or sessions): client k sends request k (with sessions, the k-th
+    session's first turn) at k ramp_s / C; every later request (session) is taken, in order, by
+    the first client whose request is done (whose session's last turn is), and sent its think
+    time after; a session's later turns follow their turn before, as without clients. Returns the
+    given arrivals (NaN for the requests the run releases) and the content."""
     n = c.think_s.size
-    first = min(w.concurrency, n)
+    starts = np.flatnonzero(c.turn <= 1)  # what a client sends when it is free: a request, or a session
+    first = min(w.concurrency, starts.size)
     arrival = np.full(n, np.nan)
-    arrival[:first] = np.arange(first) * (w.ramp_s / w.concurrency)
-    think = think_times(w, n)
-    think[:first] = np.nan
+    arrival[starts[:first]] = np.arange(first) * (w.ramp_s / w.concurrency)
+    if w.sessions is None:
+        think = think_times(w, n)
+    else:  # a later turn keeps its session's think time; a first turn takes the client's
+        think = c.think_s.copy()
+        think[starts] = think_times(w, starts.size, clients=True)
+    think[starts[:first]] = np.nan
     return arrival, Content(c.parent, c.shared, c.hash_start, c.hash_ids, c.hash_block, c.session, c.turn,
                             c.system_prompt, think, w.concurrency)
 

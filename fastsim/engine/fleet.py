@@ -150,7 +150,7 @@ def run(config: Config, traffic: Traffic, scratch: Scratch | None = None) -> Out
     stalls.apply(config, out.arrivals(arrival), out.first_token_s, out.done_s, out.replica, out.prefill_replica)
     if closed and content.clients and config.calibration.stall_rate_hz:  # a client waits for the stalls it sees
         stalls.hold_clients(out.arrival_s, out.first_token_s, out.done_s, content.think_s,
-                            config.calibration.api_overhead_ms / 1000, content.clients)
+                            config.calibration.api_overhead_ms / 1000, content.clients, content.next_start)
     return with_api(out, config.calibration.api_overhead_ms / 1000)
 
 
@@ -197,7 +197,8 @@ def _shared(config: Config, p: Plan, traffic: Traffic, tree: tuple | None, draws
     pb = 0 if caching else p.prefix_blocks
     rules = Rules(p.limit, bt, pb, False, p.max_output, p.lookahead, p.api_s)
     routing = routing_of(code, (pre_draws if npre else draws).astype(np.int64), f.prefix_weight, think, link_s,
-                         draws.astype(np.int64), NO_TIMES, prefill=npre > 0, clients=c.clients)
+                         draws.astype(np.int64), NO_TIMES, prefill=npre > 0, clients=c.clients,
+                         next_start=c.next_start)
     pre = Pool(npre, frozen(pre_plan.k), pre_plan.budget, pre_plan.blocks, pre_slack)
     dec = Pool(f.replicas, frozen(p.k), p.budget, p.blocks, dec_slack)
     scratch = Scratch() if scratch is None else scratch

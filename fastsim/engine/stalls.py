@@ -182,27 +182,40 @@ def apply(config: Config, arrival: np.ndarray, first: np.ndarray, done: np.ndarr
 
 
 def hold_clients(arrival: np.ndarray, first: np.ndarray, done: np.ndarray, think: np.ndarray, api_s: float,
-                 clients: int) -> None:
+                 clients: int, next_start: np.ndarray) -> None:
     """Closed-loop clients send their next request when they see their last one done: a stall
     that delays a request's last token delays its client's next request as much. The clients'
     sends are replayed in the order they see completions (ties: the lower request), as the run
     handed requests out: each request after the first ``clients`` is sent the API overhead
-    ``api_s`` and its think time after the completion that frees its client, and its tokens
+    ``api_s`` and its think time after the completion that frees its client (over sessions, a
+    session's later turn after the turn before it, its first turn after the last turn of the
+    client's session before: ``next_start``, :attr:`.content.Content.next_start`), and its tokens
     move with it (engine times, in place)."""
-    if arrival.size > clients:
-        _hold(arrival, first, done, think, api_s, clients)
+    _hold(arrival, first, done, think, api_s, clients, next_start)
 
 
 @jit
-def _hold(arrival, first, done, think, api_s, clients):
+def _hold(arrival, first, done, think, api_s, clients, next_start):
+    n = arrival.size
     heap_t, heap_i = np.empty(clients), np.empty(clients, np.int64)
     size = 0
-    for i in range(clients):
-        size = push(heap_t, heap_i, size, done[i] + api_s, i)
-    for j in range(clients, arrival.size):
-        t = heap_t[0] + think[j]  # a client sees its request done, thinks, and sends ``j``
-        size = pop(heap_t, heap_i, size)
-        first[j] += t - arrival[j]
-        done[j] += t - arrival[j]
-        arrival[j] = t
-        size = push(heap_t, heap_i, size, done[j] + api_s, j)
+    j = 0  # the next session's first turn (without sessions, the next request)
+    taken = 0
+    while j < n:
+        end = next_start[j]
+        if taken >= clients:  # a client sees its last request done, thinks, and sends ``j``
+            _move(arrival, first, done, j, heap_t[0] + think[j])
+            size = pop(heap_t, heap_i, size)
+        for r in range(j + 1, end):  # a session's later turns: each after the one before
+            _move(arrival, first, done, r, done[r - 1] + api_s + think[r])
+        size = push(heap_t, heap_i, size, done[end - 1] + api_s, end - 1)
+        taken += 1
+        j = end
+
+
+@inline
+def _move(arrival, first, done, j, t):
+    """Request ``j`` sent at ``t`` instead: its tokens move with it."""
+    first[j] += t - arrival[j]
+    done[j] += t - arrival[j]
+    arrival[j] = t

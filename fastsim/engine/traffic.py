@@ -106,12 +106,12 @@ def _drawn(w: Workload, caching: bool, kv_tokens: int | None) -> Traffic:
         recorded, n = trace.requests(w)
         return Traffic(trace.arrivals(recorded, n, w.rate), recorded.prompt_tokens[:n].copy(),
                        recorded.output_tokens[:n].copy(), trace.content(recorded, n, w.trace_hash_block))
-    if w.sessions is not None:
-        return _sessions(w, kv_tokens)
-    if w.concurrency is not None:  # the same requests, sent by clients
-        t = generate(w.model_copy(update={"concurrency": None, "rate": 1.0}), caching)
+    if w.concurrency is not None:  # the same requests (or sessions), sent by clients
+        t = generate(w.model_copy(update={"concurrency": None, "rate": 1.0}), caching, kv_tokens)
         arrival, content = shares.clients(w, t.content if t.content is not None else shares.none(len(t)))
         return Traffic(arrival, t.prompt_tokens, t.output_tokens, content)
+    if w.sessions is not None:
+        return _sessions(w, kv_tokens)
     if w.system_prompts is not None or (caching and w.prefix_tokens):
         return shared(w, caching, generate(w.model_copy(update={"system_prompts": None, "prefix_tokens": 0})))
     if w.rng == "stdlib":  # the lesson's stream: fixed prompts, lognormal or fixed outputs

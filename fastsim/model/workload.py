@@ -62,7 +62,8 @@ class Workload(Section):
     system_prompts: SystemPrompts | None = Field(None, **doc(
         "system prompts shared by groups of requests (needs engine.prefix_caching to be reused)"))
     sessions: Sessions | None = Field(None, **doc(
-        "multi-turn sessions: rate counts sessions, each turn re-sends the conversation so far"))
+        "multi-turn sessions: rate counts sessions (with concurrency, each client runs one at a time), each "
+        "turn re-sends the conversation so far"))
     arrival: Literal["poisson", "gamma", "constant"] = Field("poisson", **doc(
         "poisson: exponential gaps; gamma: gamma gaps of shape burstiness; constant: every 1/rate, from 1/rate"))
     burstiness: float = Field(1.0, gt=0, **Finite, **doc(

@@ -10,6 +10,7 @@ from hypothesis import assume, event, given, settings
 from fastsim import Config, ConfigError, simulate
 from fastsim.analysis.simulation import measure
 from fastsim.engine import checks, fleet
+from fastsim.engine import traffic as traffic_of
 from fastsim.engine.traffic import generate, routes
 
 from ..strategies import close, dirty_scratch, fleet_configs, fleet_oracle
@@ -352,3 +353,27 @@ def test_closed_loop_clients_keep_c_in_flight_and_little_s_law(values):
     # (after a warm-up, the warm-up's last requests are in flight in the window's first moments)
     assert m["concurrency_mean"] == pytest.approx(little, rel=1e-9 if "workload.warmup" not in values else 0.03)
     assert m["concurrency_mean"] <= 32
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_closed_loop_clients_over_sessions_run_a_session_each(replicas):
+    """configs/chat-fleet.yaml's sessions (stalls on) sent by 12 closed-loop clients: a client runs
+    one session's turns, each sent its session's think time after the turn before is done (as the
+    client sees it), then takes the next session; never more than 12 requests in flight."""
+    from fastsim import load_config
+
+    from ..conftest import ROOT
+
+    config = load_config(ROOT / "configs/chat-fleet.yaml", {
+        "workload.concurrency": 12, "workload.rate": None, "workload.n_requests": 600, "workload.warmup": 0,
+        "fleet.replicas": replicas, "calibration.stall_rate_hz": 5.0})
+    r = simulate(config)
+    arrival, done = r.arrival_s, r.done_s  # as the clients see them (the API overhead included)
+    ones = np.ones(arrival.size)
+    order = np.lexsort((np.r_[ones, -ones], np.r_[arrival, done]))
+    assert np.cumsum(np.r_[ones, -ones][order]).max() == 12
+    c = traffic_of.of(config).content
+    later = np.flatnonzero(c.turn > 1)
+    assert later.size > 100  # sessions of several turns
+    assert np.allclose(arrival[later], done[later - 1] + c.think_s[later], rtol=0, atol=1e-9)
+    assert r.metrics["prefix_hit_rate"] > 0.5  # a session's turns hit its conversation so far

@@ -580,10 +580,12 @@ def test_static_and_dynamic_batching_run_without_the_prefix_cache_they_do_not_ha
 
 @st.composite
 def client_configs(draw) -> Config:
-    """:func:`prefix_configs` with closed-loop clients instead of sessions (and sometimes a
-    prefill pool in front, or a ramp, or think times)."""
+    """:func:`prefix_configs` with closed-loop clients, sending independent requests or, half the
+    time, its sessions (a client runs one session's turns, then takes the next session), and
+    sometimes a prefill pool in front, or a ramp, or think times."""
     config = draw(prefix_configs())
-    values = {"workload.sessions": None, "workload.rate": None,
+    sessions = config.workload.sessions if draw(st.booleans()) else None
+    values = {"workload.sessions": sessions and sessions.model_dump(), "workload.rate": None,
               "workload.concurrency": draw(st.integers(1, 12)),
               "workload.ramp_s": draw(st.sampled_from([0.0, 0.0, 0.05])),
               "workload.think_s": draw(st.sampled_from([None, {"dist": "fixed", "value": 0.0},
@@ -597,9 +599,10 @@ def client_configs(draw) -> Config:
 @settings(max_examples=80, deadline=None)
 @given(client_configs())
 def test_closed_loop_clients_match_the_prefix_oracle(config):
-    """C clients, each sending its next request when its last is done (plus think time), on one
-    engine, replicas behind any router or a prefill pool in front, with or without the prefix
-    cache: the oracle's times, replicas, cached tokens and counters."""
+    """C clients, each sending its next request when its last is done (plus think time; over
+    sessions its session's next turn, or the next session), on one engine, replicas behind any
+    router or a prefill pool in front, with or without the prefix cache: the oracle's times,
+    replicas, cached tokens and counters; never more than C requests in flight."""
     agree(config, of(config))
     fast = fleet.run(config, of(config))
     arrival, done = fast.arrival_s, fast.done_s

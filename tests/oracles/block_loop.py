@@ -326,7 +326,8 @@ def cached_pool(arrival, prompt, output, parent, shared, hash_start, hash_ids, h
                     nsent += 1
                     continue
                 done[i] = now
-                nheap, _ = turn_after(i, now, api_s, think, arrival, heap_t, heap_i, nheap, 0, 0, False)  # (sessions)
+                nheap, _ = turn_after(i, now, api_s, think, arrival, heap_t, heap_i, nheap, 0, 0, False, False,
+                                      0)  # (sessions: no clients)
             for a in range(1, nsent):  # the link takes them in order of index
                 i = ended[a]
                 b = a

@@ -9,10 +9,12 @@ step that started before it. With a prefill pool, the prefill replicas cache wha
 and end each request at its first token; its KV then crosses its prefill replica's link (first
 come, first served; ties: the lower index) and joins a decode replica (no cache there: blocks only
 counted) with c = p, g = 1; a session's next turn waits for the decode replica's last token.
-Closed-loop clients (``content.clients`` C): the first C requests are given; a request's
-completion frees its client at its (client) done time, an event taken in time order after the
-arrivals of that instant (ties: the lower request), when the client sends the next request no
-client has sent, its think time later. Literal and slow; the kernel must agree exactly.
+Closed-loop clients (``content.clients`` C): the first C requests are given (with sessions, the
+first C sessions' first turns); a request's completion frees its client at its (client) done
+time, an event taken in time order after the arrivals of that instant (ties: the lower request),
+when the client sends the next request no client has sent (with sessions, the next session's
+first turn), its think time later; a session's turn that has a next turn releases it instead,
+to the same client. Literal and slow; the kernel must agree exactly.
 """
 
 from __future__ import annotations
@@ -257,7 +259,18 @@ def simulate(arrival, prompt, output, content, e: Engine, caching=True, replicas
     first = [None] * n
     done = [None] * n
     routed = routed_decode = 0
-    taken = min(content.clients, n)  # closed-loop clients: the requests sent so far
+    def later(i):  # request i + 1 is the next turn of request i's session
+        return i + 1 < n and content.turn[i + 1] > 1 and content.session[i + 1] == content.session[i]
+
+    def next_sent(j):  # the request a client sends after request j: the next session's first turn
+        j += 1
+        while j < n and content.turn[j] > 1:
+            j += 1
+        return j
+
+    taken = 0  # closed-loop clients: the next request no client has sent (past the first C given)
+    for _ in range(content.clients):
+        taken = next_sent(taken) if taken < n else n
     while True:
         t_next = pending[0][0] if pending else math.inf
         busy = [r for r in range(len(reps)) if reps[r].has_work()]
@@ -276,12 +289,12 @@ def simulate(arrival, prompt, output, content, e: Engine, caching=True, replicas
                 elif not npre:
                     first[i] = rep.first_token[i] + e.api_s
                 done[i] = rep.done[i] + e.api_s
-                if content.clients:  # its client is free: an event (t, n + i), after arrivals at t
-                    heapq.heappush(pending, (done[i], n + i))
-                elif i + 1 < n and content.turn[i + 1] > 1 and content.session[i + 1] == content.session[i]:
+                if later(i):  # its session's next turn, after its think time
                     t = done[i] + content.think_s[i + 1]
                     arrived[i + 1] = t
                     heapq.heappush(pending, (t, i + 1))
+                elif content.clients:  # its client is free: an event (t, n + i), after arrivals at t
+                    heapq.heappush(pending, (done[i], n + i))
             continue
         if not pending:
             break
@@ -290,7 +303,7 @@ def simulate(arrival, prompt, output, content, e: Engine, caching=True, replicas
             if taken < n:
                 arrived[taken] = t + content.think_s[taken]
                 heapq.heappush(pending, (arrived[taken], taken))
-                taken += 1
+                taken = next_sent(taken)
             continue
         if kv_arrived[q]:
             x = _route(router, reps, decode_pool, q, routed_decode, routes and routes[q], weight, B, prompt, False)

@@ -62,24 +62,28 @@ def next_arrival(arrival, sp, heap_t, heap_i, nheap):
 
 
 @jit
-def turn_after(i, now, api_s, think, arrival, heap_t, heap_i, nheap, clients, taken, alone):
+def turn_after(i, now, api_s, think, arrival, heap_t, heap_i, nheap, clients, taken, alone, later, following):
     """Request ``i`` is done at ``now`` (engine time): what it releases, if anything, arrives after
     the API overhead and its think time. In sessions (``clients`` 0) that is its session's next
-    turn, ``i + 1``. With closed-loop clients, ``i``'s client is free after the API overhead, and
-    takes the next request no client has taken (``taken`` of them so far): on ``alone`` engine at
-    once (its completions come in time order); in a pool, whose replicas finish out of order, as
-    an entry (time, n + i) of the heap, the request taken when it comes (:func:`client_sends`).
-    Returns the heap's size and ``taken``."""
+    turn, ``i + 1``. With closed-loop clients, ``i``'s client sends its session's next turn if it
+    has one (``later``), else it is free after the API overhead and takes the next request no
+    client has taken (``taken``, a session's first turn; ``following``, the first turn of the
+    session after that one: :attr:`fastsim.engine.content.Content.next_start`):
+    on ``alone`` engine at once (its completions come in time order); in a pool, whose replicas
+    finish out of order, as an entry (time, n + i) of the heap, the request taken when it comes
+    (:func:`client_sends`). Returns the heap's size and ``taken``."""
     n = arrival.size
     if clients == 0:
         if i + 1 < n and think[i + 1] == think[i + 1]:
             return client_sends(now + api_s, think, arrival, heap_t, heap_i, nheap, i + 1), taken
         return nheap, taken
+    if later:  # its session's next turn, sent by the same client
+        return client_sends(now + api_s, think, arrival, heap_t, heap_i, nheap, i + 1), taken
     if not alone:  # (every completion: which clients take the last requests is decided in time order)
         return push(heap_t, heap_i, nheap, now + api_s, n + i), taken
-    if taken == n:
+    if taken >= n:
         return nheap, taken
-    return client_sends(now + api_s, think, arrival, heap_t, heap_i, nheap, taken), taken + 1
+    return client_sends(now + api_s, think, arrival, heap_t, heap_i, nheap, taken), following
 
 
 @inline

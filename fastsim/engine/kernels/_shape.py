@@ -68,6 +68,8 @@ class Routing(NamedTuple):
     decode_routes: np.ndarray
     token_1: np.ndarray
     clients: int = 0
+    next_start: np.ndarray = np.empty(0, np.int64)  # clients: per request, the next session's first turn
+    # (each request its own session without sessions: i + 1); empty without clients
 
 
 class Alone(Routing):
@@ -98,11 +100,13 @@ SHAPES = {(True, False): Alone, (True, True): AloneReleasing, (False, False): Ro
 
 
 def routing(code: int, routes: np.ndarray, weight: float, think: np.ndarray, link_s: np.ndarray,
-            decode_routes: np.ndarray, token_1: np.ndarray, prefill: bool = False, clients: int = 0) -> Routing:
+            decode_routes: np.ndarray, token_1: np.ndarray, prefill: bool = False, clients: int = 0,
+            next_start: np.ndarray = np.empty(0, np.int64)) -> Routing:
     """The routing of a run in its shape: one engine when ``code`` is ``ONE_ENGINE``; releasing
     when there are sessions or ``clients`` (``think``) or a ``prefill`` pool in front."""
     shape = SHAPES[(code == ONE_ENGINE, bool(think.size) or prefill)]
-    return shape(np.int64(code), routes, float(weight), think, link_s, decode_routes, token_1, np.int64(clients))
+    return shape(np.int64(code), routes, float(weight), think, link_s, decode_routes, token_1, np.int64(clients),
+                 next_start)
 
 
 def alone(r):

@@ -93,7 +93,12 @@ def serve(arrival, prompt, output, pre, dec, rules, routing, kv, cache, first_to
     routes, decode_routes, weight = unmanaged(routing.routes), unmanaged(routing.decode_routes), routing.weight
     sessions = think.size > 0  # (or closed-loop clients: ``clients`` of them)
     clients = routing.clients
-    taken = sending = min(clients, n)  # requests clients have taken: one engine's; a pool's
+    starts = unmanaged(routing.next_start)
+    taken = 0  # the next request no client has taken (past the first ``clients``): one engine's; a pool's
+    for _ in range(clients):
+        if taken < n:
+            taken = starts[taken]
+    sending = taken
     given = arrival[:sending if clients > 0 else n]  # the arrivals given (clients': their first requests')
     pre_k, dec_k = pre.k, dec.k
     limit, bt, pb, reserve, o_max, lookahead, api_s = rules
@@ -319,7 +324,8 @@ def serve(arrival, prompt, output, pre, dec, rules, routing, kv, cache, first_to
                     running -= 1
                     if releases(routing) and sessions:
                         nheap, taken = turn_after(i, now, api_s, think, arrival, heap_t, heap_i, nheap, clients,
-                                                  taken, alone(routing))
+                                                  taken, alone(routing), clients > 0 and starts[i] > i + 1,
+                                                  starts[taken] if clients > 0 and taken < n else n)
                     if not roles.ordered(kv):
                         i = nx
                 # prefill rows: a row that reaches p + g computed tokens emits one
@@ -355,7 +361,8 @@ def serve(arrival, prompt, output, pre, dec, rules, routing, kv, cache, first_to
                         done[i] = now
                         if releases(routing) and sessions:
                             nheap, taken = turn_after(i, now, api_s, think, arrival, heap_t, heap_i, nheap,
-                                                      clients, taken, alone(routing))
+                                                      clients, taken, alone(routing), clients > 0 and starts[i] > i + 1,
+                                                      starts[taken] if clients > 0 and taken < n else n)
                     else:  # a decoder from now on
                         dbase[i] = steps
                         n_dec += 1
@@ -419,7 +426,7 @@ def serve(arrival, prompt, output, pre, dec, rules, routing, kv, cache, first_to
             if q >= n:  # a closed-loop client is free: it takes the next request, if any is left
                 if sending < n:
                     nheap = client_sends(t_next, think, arrival, heap_t, heap_i, nheap, sending)
-                    sending += 1
+                    sending = starts[sending]
                 t_next, q_next, sp = next_arrival(given, sp, heap_t, heap_i, nheap)
                 continue
         else:
