@@ -107,6 +107,14 @@ def test_run_prints_a_trace_fleet(root):
                                     "400 requests of AzureLLMInferenceTrace_conv.csv, as recorded")
 
 
+def test_run_names_clients_over_sessions(root):
+    result = CliRunner().invoke(app, ["run", str(root / "configs/chat-fleet.yaml"), "--set", "workload.rate=null",
+                                      "--set", "workload.concurrency=16", "--set", "workload.warmup=100",
+                                      "--set", "workload.n_requests=500"])
+    assert result.exit_code == 0, result.output
+    assert "turns of sessions from 16 closed-loop clients, a session each at a time" in result.stdout.splitlines()[0]
+
+
 def test_console_script_installed(root):
     script = shutil.which("fastsim")
     assert script, "the fastsim console script is not on PATH"

@@ -109,6 +109,9 @@ def describe(config: Config, n_requests: int) -> str:
     if w.trace is not None:
         rate = "as recorded" if w.rate is None else f"rescaled to {w.rate:g}/s"
         traffic = f"{n_requests:,} requests of {Path(w.trace).name}, {rate}"
+    elif w.sessions is not None and w.concurrency is not None:
+        traffic = (f"{n_requests:,} turns of sessions from {w.concurrency:,} closed-loop clients, a session each at "
+                   f"a time ({w.rng} traffic, seed {w.seed})")
     elif w.sessions is not None:
         traffic = f"{n_requests:,} turns of sessions starting at {w.rate:g}/s ({w.rng} traffic, seed {w.seed})"
     elif w.concurrency is not None:
