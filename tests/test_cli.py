@@ -115,6 +115,17 @@ def test_run_names_clients_over_sessions(root):
     assert "turns of sessions from 16 closed-loop clients, a session each at a time" in result.stdout.splitlines()[0]
 
 
+def test_run_names_the_layout_of_a_replica():
+    from fastsim import Config
+    from fastsim.sweep.summary import layout
+
+    assert layout(Config().with_values({"engine.tp": 8})) == "tp 8"
+    assert layout(Config().with_values({"hardware.preset": "h100-sxm", "engine.tp": 16})) == \
+        "tp 16 over 2 scale-up domains of 8"
+    assert layout(Config().with_values({"model.preset": "qwen3-30b-a3b", "hardware.preset": "gb200", "engine.tp": 16,
+                                        "engine.expert_parallel": True})) == "tp 16, expert parallel over 16 GPUs"
+
+
 def test_console_script_installed(root):
     script = shutil.which("fastsim")
     assert script, "the fastsim console script is not on PATH"

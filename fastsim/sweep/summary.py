@@ -119,7 +119,18 @@ def describe(config: Config, n_requests: int) -> str:
         traffic = f"{n_requests:,} requests from {w.concurrency:,} closed-loop clients{think} ({w.rng} traffic, seed {w.seed})"
     else:
         traffic = f"{n_requests:,} requests at {w.rate:g}/s ({w.rng} traffic, seed {w.seed})"
-    return f"{model} on {gpu}, tp {e.tp}: {engine}: {traffic}"
+    return f"{model} on {gpu}, {layout(config)}: {engine}: {traffic}"
+
+
+def layout(config: Config) -> str:
+    """A replica's GPUs in words: ``tp 8``, ``tp 16 over 2 scale-up domains of 8``, with ``,
+    expert parallel over N GPUs`` where the experts are spread."""
+    from ..model.cost import domains
+
+    e = config.engine
+    span = domains(config)
+    text = f"tp {e.tp}" + (f" over {span} scale-up domains of {e.tp // span}" if span > 1 else "")
+    return text + (f", expert parallel over {e.tp} GPUs" if e.expert_parallel else "")
 
 
 def _sustained(config: Config, table: np.ndarray) -> tuple[np.ndarray, str]:
