@@ -22,6 +22,7 @@ own).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -55,7 +56,7 @@ class Content:
         n = self.session.size
         return bool(self.hash_ids.size or (self.parent[:n] >= 0).any())
 
-    @property
+    @functools.cached_property
     def next_start(self) -> np.ndarray:
         """Closed-loop clients: per request, the request its client takes once this one's
         session is done (each request a session of its own without sessions): the first turn of

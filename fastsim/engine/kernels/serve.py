@@ -48,7 +48,7 @@ import numpy as np
 from ..._jit import jit, unmanaged
 from ...model.cost import step_time
 from . import _kv as roles
-from ._arrivals import arrive, client_sends, next_arrival, pop, send, turn_after
+from ._arrivals import arrive, client_sends, next_arrival, pop, released_by, send
 from ._bare import bare_run, mark
 from ._calendar import extend_run, totals
 from ._preempt import preempt_for
@@ -323,9 +323,8 @@ def serve(arrival, prompt, output, pre, dec, rules, routing, kv, cache, first_to
                     rhead, rtail = unlink(rprev, rnext, rhead, rtail, i)
                     running -= 1
                     if releases(routing) and sessions:
-                        nheap, taken = turn_after(i, now, api_s, think, arrival, heap_t, heap_i, nheap, clients,
-                                                  taken, alone(routing), clients > 0 and starts[i] > i + 1,
-                                                  starts[taken] if clients > 0 and taken < n else n)
+                        nheap, taken = released_by(i, now, api_s, think, arrival, heap_t, heap_i, nheap, clients,
+                                                   taken, alone(routing), starts)
                     if not roles.ordered(kv):
                         i = nx
                 # prefill rows: a row that reaches p + g computed tokens emits one
@@ -360,9 +359,8 @@ def serve(arrival, prompt, output, pre, dec, rules, routing, kv, cache, first_to
                             continue
                         done[i] = now
                         if releases(routing) and sessions:
-                            nheap, taken = turn_after(i, now, api_s, think, arrival, heap_t, heap_i, nheap,
-                                                      clients, taken, alone(routing), clients > 0 and starts[i] > i + 1,
-                                                      starts[taken] if clients > 0 and taken < n else n)
+                            nheap, taken = released_by(i, now, api_s, think, arrival, heap_t, heap_i, nheap,
+                                                       clients, taken, alone(routing), starts)
                     else:  # a decoder from now on
                         dbase[i] = steps
                         n_dec += 1
