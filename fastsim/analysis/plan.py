@@ -28,6 +28,8 @@ from .targets import Stopped, Target, binding_names, failing
 
 REPLICAS = "fleet.replicas"
 MAX_REPLICAS = 64
+SECONDS_PER_REQUEST = 12 * 4 * 1.6e-7  # ~12 simulations of a fleet of a few replicas
+MET, NEVER_MET, CANNOT_RUN = range(3)  # a candidate's status
 
 
 def for_demand(config: Config, output_tok_s: float) -> tuple[Config, float]:
@@ -45,8 +47,6 @@ def for_demand(config: Config, output_tok_s: float) -> tuple[Config, float]:
         raise ConfigError("--output-tok-s sets workload.rate: not with a workload.rate axis")
     mean = float(traffic_of(pools.as_run(config)).output_tokens.mean())
     return config.at({"workload.rate": output_tok_s / mean}), mean
-SECONDS_PER_REQUEST = 12 * 4 * 1.6e-7  # ~12 simulations of a fleet of a few replicas
-MET, NEVER_MET, CANNOT_RUN = range(3)  # a candidate's status
 
 
 @dataclass(frozen=True)
