@@ -95,6 +95,9 @@ SERVING = {
 SERVING_RATES = (2.0, 8.0, 24.0)  # light to moderate load (saturation is near 45/s): where most steps are bare
 # A mixture of experts on the same engine: Qwen3-30B-A3B (128 experts, 8 a token) on one H100.
 MOE = ("moe (qwen3-30b-a3b)", {"model.preset": "qwen3-30b-a3b"}, 24.0)
+# The same on four H100s as four attention data-parallel ranks, the experts over all four, at four times the load.
+MOE_DP = ("moe, dp 4 (qwen3-30b-a3b)", {"model.preset": "qwen3-30b-a3b", "engine.dp": 4,
+                                        "engine.expert_parallel": True}, 96.0)
 # Fleets of it: 8 GPUs at 12 requests/s each, as 8 replicas behind two routers or as 2 prefill + 6 decode.
 # Chat sessions with vLLM's prefix cache on the same engine and workload: 8 system prompts of 500
 # tokens, sessions of 2-10 turns (each re-sending the conversation and a new 1,000-token message),
@@ -181,7 +184,7 @@ def bench(
     for rate in serving_rates:
         config = Config().with_values({**SERVING, "workload.rate": rate, "workload.n_requests": n_requests})
         _case("serving (h100)", config, repeats, n_requests, rows, cache)
-    for model, values, rate in (MOE, SESSIONS, CLOSED):
+    for model, values, rate in (MOE, MOE_DP, SESSIONS, CLOSED):
         _case(model, Config().with_values({**SERVING, **values, "workload.rate": rate,
                                            "workload.n_requests": n_requests}), repeats, n_requests, rows, cache)
     if fleets:

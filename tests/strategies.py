@@ -1,6 +1,7 @@
 """Test helpers: configs drawn at random (hypothesis) and the oracles' engines built from a
 config with the docs' formulas written out again."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -10,6 +11,7 @@ from fastsim import Config
 from fastsim.engine.kernels import Scratch
 from fastsim.model.schema import Hardware
 
+from .oracles import dp as oracle_dp
 from .oracles import fleet as oracle_fleet
 from .oracles import serving as oracle_serving
 
@@ -236,3 +238,78 @@ def fleet_oracle(config: Config, traffic, routes=None, prefill_routes=None) -> d
                                        traffic.output_tokens.tolist(), oracle_engine(config), fleet,
                                        None if routes is None else routes.tolist(),
                                        None if prefill_routes is None else prefill_routes.tolist())
+
+
+@st.composite
+def dp_configs(draw) -> Config:
+    """A continuous-batching mixture of experts (:func:`serving_configs`) on replicas of
+    ``engine.dp`` lock-step ranks, experts over all of them, behind a router."""
+    base = draw(serving_configs())
+    experts = draw(st.sampled_from([2, 8, 128]))
+    moe_layers = draw(st.integers(1, 32))
+    dp = draw(st.integers(2, 4))
+    v = {"engine.policy": "continuous", "engine.dp": dp, "engine.expert_parallel": True,
+         "model.experts": experts, "model.experts_per_token": draw(st.integers(1, min(experts, 8))),
+         "model.moe_layers": moe_layers,
+         "model.expert_gb": 15.008 * draw(st.sampled_from([0.3, 0.9])) / (moe_layers * experts),
+         "workload.rate": base.workload.rate * dp}
+    replicas = draw(st.sampled_from([1, 1, 2, 3]))
+    if replicas > 1:
+        v.update({"fleet.replicas": replicas, "workload.rate": v["workload.rate"] * replicas,
+                  "fleet.router": draw(st.sampled_from(["round_robin", "random", "least_outstanding", "least_kv"]))})
+    if draw(st.booleans()):  # the exchange beyond a scale-up domain: over the network
+        v["hardware.scaleup_gpus"] = draw(st.sampled_from([None, base.engine.tp]))
+    if (v.get("hardware.scaleup_gpus", base.hardware.scaleup_gpus) or 0) and base.engine.tp * dp > (
+            v.get("hardware.scaleup_gpus", base.hardware.scaleup_gpus)):
+        g = v.get("hardware.scaleup_gpus", base.hardware.scaleup_gpus)
+        if (base.engine.tp * dp) % g:
+            v["hardware.scaleup_gpus"] = None
+    return base.with_values(v)
+
+
+def dp_oracle(c: Config) -> tuple[oracle_serving.Engine, "oracle_dp.RankCost"]:
+    """The lock-step oracle's rank engine and cost for ``c``, the docs' formulas written out
+    again: a rank's GPUs hold the dense weights and 1/dp of the routed experts (its KV cache
+    from what that leaves); per layer all-reduces within the rank's tp GPUs (every attention's,
+    dense layers' MLPs'), and per MoE layer a dispatch and a combine of k copies of each of the
+    rank's tokens over all dp x tp GPUs."""
+    hw, m, e, cal = c.hardware, c.model, c.engine, c.calibration
+    routed = m.moe_layers * m.experts * m.expert_gb
+    rank_gb = m.weight_gb - routed + routed / e.dp
+    engine = oracle_engine(c)
+    base = engine.cost
+    token = m.hidden * 2
+    comm_fixed = comm_token = 0.0
+    reduces = 2 * m.n_layers - m.moe_layers
+    if e.tp > 1:
+        nodes = 1 if hw.scaleup_gpus is None or e.tp <= hw.scaleup_gpus else e.tp // hw.scaleup_gpus
+        inside = e.tp // nodes
+        all_reduce = 2 * (inside - 1) / inside * token / (hw.link_gb_s * 1e9)
+        if nodes > 1:
+            all_reduce += 2 * (nodes - 1) / nodes * (token / inside) / (hw.scaleout_gb_s * 1e9)
+        comm_fixed = reduces * (hw.link_latency_us + 2 * (nodes - 1) * hw.scaleout_latency_us) * 1e-6
+        comm_token = reduces * all_reduce
+    group = e.dp * e.tp
+    nodes = 1 if hw.scaleup_gpus is None or group <= hw.scaleup_gpus else group // hw.scaleup_gpus
+    inside = group // nodes
+    copies = m.experts_per_token * token
+    exchange = copies * (inside - 1) / group / (hw.link_gb_s * 1e9)
+    if nodes > 1:
+        exchange = max(exchange, copies * (group - inside) / group / (hw.scaleout_gb_s * 1e9))
+    comm_fixed += 2 * m.moe_layers * (hw.link_latency_us + 2 * (nodes - 1) * hw.scaleout_latency_us) * 1e-6
+    comm_token += 2 * m.moe_layers * exchange
+    bytes_per = {"bf16": 2.0, "fp8": 1.0, "fp4": 0.5625, "mxfp4": 0.53125, "int4": 0.5625}[m.dtype]
+    cost = oracle_dp.RankCost(
+        overhead_s=base.overhead_s, dense_bytes=(m.weight_gb - routed) * 1e9, expert_bytes=routed * 1e9,
+        k_over_e=m.experts_per_token / m.experts, kv_gpu=base.kv_gpu, tp=e.tp, dp=e.dp, gpu_bytes_s=base.gpu_bytes_s,
+        params_b=base.params_b, expert_params_b=m.moe_layers * m.experts_per_token * m.expert_gb / bytes_per,
+        dtype_flops=base.dtype_flops, bf16_flops=base.bf16_flops, n_layers=base.n_layers, attn_dim=base.attn_dim,
+        hidden=base.hidden, vocab=base.vocab, comm_fixed_s=comm_fixed, comm_s_per_token=comm_token)
+    if e.kv_cache_gb is None and hw.mem_gb is not None:  # the rank's memory after its weights
+        gb = e.tp * (hw.mem_gb * e.gpu_memory_utilization - e.reserved_gb) - rank_gb
+        blocks = math.floor(gb * 1e9 / (e.block_tokens * m.kv_bytes_per_token))
+        if m.kv_heads is not None or m.kv_lora_rank:
+            tokens = (hw.mem_gb * e.gpu_memory_utilization - e.reserved_gb - rank_gb / e.tp) * 1e9 / base.kv_gpu
+            blocks = math.floor(math.floor(tokens) / e.block_tokens)
+        engine = dataclasses.replace(engine, blocks=blocks)
+    return dataclasses.replace(engine, cost=None), cost

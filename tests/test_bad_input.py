@@ -250,6 +250,22 @@ case("model-fp4-does-not-fit", ["run", H100, "--set", "model.preset=deepseek-v3"
                                 "--set", "hardware.preset=l4", *SMALL], "model.weight_gb")
 case("model-tp-kv-heads-import", ["run", H100, "--set", "model.preset=qwen3-30b-a3b", "--set", "engine.tp=3",
                                   *SMALL], "engine.tp")
+# attention data parallelism: a layout vLLM could not serve, or fastsim does not model
+DP = ["--set", "model.preset=qwen3-30b-a3b", "--set", "engine.expert_parallel=true", *SMALL]
+for id, args, names in [
+    ("zero", ["--set", "engine.dp=0"], "engine.dp"),
+    ("dense", ["--set", "model.preset=llama-3.1-8b", "--set", "engine.expert_parallel=false", "--set", "engine.dp=2"],
+     "engine.dp"),
+    ("no-expert-parallel", ["--set", "engine.expert_parallel=false", "--set", "engine.dp=2"], "engine.expert_parallel"),
+    ("beyond-domain", ["--set", "engine.dp=16", "--set", "hardware.scaleout_gb_s=null"], "hardware.scaleout_gb_s"),
+    ("uneven-domains", ["--set", "engine.dp=3", "--set", "engine.tp=4"], "hardware.scaleup_gpus"),
+    ("static", ["--set", "engine.dp=2", "--set", "engine.policy=static"], "engine.policy"),
+    ("prefill-pool", ["--set", "engine.dp=2", "--set", "fleet.prefill_replicas=1"], "fleet.prefill_replicas"),
+    ("prefix-aware", ["--set", "engine.dp=2", "--set", "fleet.replicas=2", "--set", "fleet.router=prefix_aware"],
+     "prefix_aware"),
+    ("kv-per-rank", ["--set", "engine.dp=2", "--set", "engine.kv_cache_gb=0.001"], "KV cache"),
+]:
+    case(f"dp-{id}", ["run", H100, *DP, *args], names)
 
 # --- config files
 for name in ["binary.yaml", "utf16.yaml", "latin1.yaml", "extends_utf16.yaml", "extends_binary.yaml",

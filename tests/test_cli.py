@@ -124,6 +124,10 @@ def test_run_names_the_layout_of_a_replica():
         "tp 16 over 2 scale-up domains of 8"
     assert layout(Config().with_values({"model.preset": "qwen3-30b-a3b", "hardware.preset": "gb200", "engine.tp": 16,
                                         "engine.expert_parallel": True})) == "tp 16, expert parallel over 16 GPUs"
+    moe = {"model.preset": "qwen3-30b-a3b", "hardware.preset": "h100-sxm", "engine.expert_parallel": True}
+    assert layout(Config().with_values({**moe, "engine.dp": 4})) == "dp 4 x tp 1, expert parallel over 4 GPUs"
+    assert layout(Config().with_values({**moe, "engine.dp": 4, "engine.tp": 4})) == \
+        "dp 4 x tp 4, expert parallel over 16 GPUs in 2 scale-up domains of 8"
 
 
 def test_console_script_installed(root):

@@ -24,7 +24,7 @@ import numpy as np
 
 from .._jit import inline, jit, largest, smallest
 from ..engine.kernels._calendar import run_copy, run_lengths, run_m, run_step, run_w
-from ..model.cost import step_time
+from ..model.cost import run_time
 
 SAMPLES = 1 << 14  # runs (and gaps) sampled to bracket each rank
 LIST_MAX = 1 << 15  # steps listed and selected outright
@@ -35,9 +35,10 @@ NONE = np.empty(0, np.int64)  # no stretches: every run whole
 
 @inline
 def _duration(k, runs, r, j):
-    """Duration of step ``j`` of run ``r`` (the same operations as the kernel's)."""
+    """Duration of step ``j`` of run ``r`` (the same operations as the kernel's; a lock-step
+    replica's step is its slowest rank's, :func:`fastsim.model.cost.group_step_time`)."""
     n_tokens, kv_tokens, pairs, sampled = run_step(runs, r, j)
-    return step_time(k, n_tokens, kv_tokens, pairs, sampled)
+    return run_time(k, n_tokens, kv_tokens, pairs, sampled)
 
 
 @inline

@@ -89,6 +89,8 @@ def _engine_runs(config: Config, output_max: int, prefill: bool = False) -> None
                 raise ConfigError(f"{key('engine.tp')} ({e.tp}) spans {e.tp // g} scale-up domains of "
                                   f"{key('hardware.scaleup_gpus')} ({g}) GPUs, but {key('hardware.scaleout_gb_s')} is "
                                   f"null (no network between them): set it, or a tp of at most {g}")
+    if e.dp > 1 and not prefill:
+        _data_parallel(config)
     _steps_are_finite(config, w.prompt.largest + output_max if w.trace is None else 1, key)
     capacity = kv_capacity_gb(config)
     if capacity is not None and capacity <= 0:
@@ -101,6 +103,41 @@ def _engine_runs(config: Config, output_max: int, prefill: bool = False) -> None
         longest_fits(config, w.prompt.largest, output_max, f"{pool}workload.prompt {w.prompt.largest} + output")
 
 
+def _data_parallel(config: Config) -> None:
+    """What attention data parallelism (``engine.dp`` > 1) needs: a mixture of experts served
+    with expert parallelism by continuous batching, the exchange's link, one replica's dp x tp
+    GPUs within a scale-up domain or spanning whole ones over a network, and a fleet it is
+    modelled in (colocated; a router among replicas that does not score their caches)."""
+    hw, m, e, f = config.hardware, config.model, config.engine, config.fleet
+    if not m.experts:
+        raise ConfigError(f"engine.dp ({e.dp}) > 1 needs a mixture of experts (model.experts is 0): a dense "
+                          f"model's copies are fleet.replicas")
+    if not e.expert_parallel:
+        raise ConfigError(f"engine.dp ({e.dp}) > 1 needs engine.expert_parallel: true (vLLM's --data-parallel-size "
+                          f"with --enable-expert-parallel)")
+    if e.policy != "continuous":
+        raise ConfigError(f"engine.dp ({e.dp}) > 1 needs engine.policy continuous (got {e.policy})")
+    missing = [k for k, v in (("hardware.link_gb_s", hw.link_gb_s), ("model.n_layers", m.n_layers),
+                              ("model.hidden", m.hidden)) if v is None]
+    if missing:
+        raise ConfigError(f"engine.dp ({e.dp}) > 1 needs {' and '.join(missing)} for the experts' exchange")
+    g, group = hw.scaleup_gpus, e.dp * e.tp
+    if g is not None and group > g:
+        if group % g:
+            raise ConfigError(f"engine.dp x engine.tp ({e.dp} x {e.tp} = {group} GPUs) spans scale-up domains of "
+                              f"hardware.scaleup_gpus ({g}) GPUs unevenly: give a multiple of {g}, or at most {g}")
+        if hw.scaleout_gb_s is None:
+            raise ConfigError(f"engine.dp x engine.tp ({e.dp} x {e.tp} = {group} GPUs) spans {group // g} scale-up "
+                              f"domains of hardware.scaleup_gpus ({g}) GPUs, but hardware.scaleout_gb_s is null (no "
+                              f"network between them): set it, or at most {g} GPUs a replica")
+    if fleet.disaggregated(config):
+        raise ConfigError(f"engine.dp ({e.dp}) > 1 with fleet.prefill_replicas is not modelled: data-parallel "
+                          f"replicas serve colocated (set fleet.prefill_replicas to 0, or engine.dp to 1)")
+    if f.router == "prefix_aware" and f.replicas > 1:
+        raise ConfigError(f"fleet.router: prefix_aware with engine.dp ({e.dp}) > 1 is not modelled (the ranks' "
+                          f"caches are apart); choose another router, or engine.dp 1")
+
+
 YEAR_S = 365.25 * 86400
 
 
@@ -110,7 +147,7 @@ def _steps_are_finite(config: Config, tokens: int, key: Callable[[str], str]) ->
     k = coefficients(config)
     k[UNPICKED] = 0.0  # a log-share, not a time (-inf when every expert is picked)
     with np.errstate(over="ignore", invalid="ignore"):
-        terms = k * np.array([1, 1, tokens, tokens, float(tokens) ** 2, 1, tokens, tokens, 0, 0])
+        terms = k * np.array([1, 1, tokens, tokens, float(tokens) ** 2, 1, tokens, tokens, 0, 0, tokens, 0])
     worst = int(np.argmax(np.where(np.isfinite(terms), terms, np.inf)))
     if not terms[worst] <= YEAR_S:
         names = ", ".join(key(n) for n in COEFFICIENT_KEYS[worst].split(", "))

@@ -95,7 +95,8 @@ def _pool(p: Plan, loop: str, name: str, replicas: int, arrival: np.ndarray, pro
 
 def _served_pool(p: Plan, name: str, replicas: int, arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray,
                  draws: np.ndarray, scratch: Scratch | None, token_1: np.ndarray = np.empty(0)) -> Outcome:
-    """:func:`_pool` with every replica in one run of :mod:`.kernels.serve` (a load-aware router)."""
+    """:func:`_pool` with every replica in one run of :mod:`.kernels.serve` (a load-aware router, or
+    replicas of data-parallel ranks)."""
     how = ROUTERS[name]
     n = arrival.size
     blocks = p.blocks if p.blocks >= 0 or not how.counts_blocks else 1 << 50  # counted in a cache of any size
@@ -103,9 +104,9 @@ def _served_pool(p: Plan, name: str, replicas: int, arrival: np.ndarray, prompt:
     replica = np.empty(n, np.int64)
     scratch = Scratch() if scratch is None else scratch
     k = frozen(p.k)
-    pools = Pool(0, k, p.budget, blocks, np.inf), Pool(replicas, k, p.budget, blocks, np.inf)
+    pools = Pool(0, k, p.budget, blocks, np.inf), Pool(replicas * p.dp, k, p.budget, blocks, np.inf)
     rules = Rules(p.limit, p.block_tokens, p.prefix_blocks, p.kv_mode == RESERVE, p.max_output, p.lookahead, 0.0)
-    routing = routing_of(how.code, draws.astype(np.int64), 1.0, NO_TIMES, NO_TIMES, NO_ROUTES, token_1)
+    routing = routing_of(how.code, draws.astype(np.int64), 1.0, NO_TIMES, NO_TIMES, NO_ROUTES, token_1, dp=p.dp)
     counters, runs, gaps = with_room(n, scratch, False, lambda runs, gaps: _counters(serve(
         arrival, prompt, output, *pools, rules, routing, Counters(p.kv_mode, p.max_output), NO_CACHE, first, done,
         replica, NO_ROUTES, runs, gaps, scratch.work(WORK_ROWS, n)))[1])
@@ -140,11 +141,12 @@ def run(config: Config, traffic: Traffic, scratch: Scratch | None = None) -> Out
         out = _disaggregated(config, plan, traffic, tree, path, draws, scratch)
     elif path.shares or closed:
         out = _shared(config, plan, traffic, tree, draws, scratch)
-        out = dataclasses.replace(out, replica=None) if f.replicas == 1 else out  # one engine's, as always
-    elif f.replicas == 1:  # the single engine, to the bit
+        out = dataclasses.replace(out, replica=None) if f.replicas == 1 else out  # one replica's, as always
+    elif f.replicas == 1 and plan.dp == 1:  # the single engine, to the bit
         out = run_engine(plan, arrival, prompt, output, scratch)
-    else:  # replicas apart or a coupled pool: the router decides
+    else:  # replicas apart or a coupled pool (data-parallel ranks: always): the router decides
         out = _pool(plan, path.loop, path.router, f.replicas, arrival, prompt, output, draws, scratch)
+        out = dataclasses.replace(out, replica=None) if f.replicas == 1 else out
     if path.fleet == "cached" and not path.shares and pools.prefix_cache(config):
         out = _no_hits(out)  # a cache over requests that share nothing (the plan's REHIT counts re-admissions)
     stalls.apply(config, out.arrivals(arrival), out.first_token_s, out.done_s, out.replica, out.prefill_replica)
@@ -198,9 +200,9 @@ def _shared(config: Config, p: Plan, traffic: Traffic, tree: tuple | None, draws
     rules = Rules(p.limit, bt, pb, False, p.max_output, p.lookahead, p.api_s)
     routing = routing_of(code, (pre_draws if npre else draws).astype(np.int64), f.prefix_weight, think, link_s,
                          draws.astype(np.int64), NO_TIMES, prefill=npre > 0, clients=c.clients,
-                         next_start=c.next_start)
+                         next_start=c.next_start, dp=p.dp)
     pre = Pool(npre, frozen(pre_plan.k), pre_plan.budget, pre_plan.blocks, pre_slack)
-    dec = Pool(f.replicas, frozen(p.k), p.budget, p.blocks, dec_slack)
+    dec = Pool(f.replicas * p.dp, frozen(p.k), p.budget, p.blocks, dec_slack)
     scratch = Scratch() if scratch is None else scratch
     first, done = np.empty(n), np.empty(n)
     replica, pre_replica = np.full(n, -1, np.int64), np.full(n, -1, np.int64)
@@ -216,10 +218,11 @@ def _shared(config: Config, p: Plan, traffic: Traffic, tree: tuple | None, draws
             gend = tokens // bt
             group = group if gend else np.full_like(group, -1)
             groups = max(int(group.max()) + 1, 1) if n else 1
-            cache, layout = segments.start(max(p.blocks, pre_plan.blocks), groups, npre + f.replicas, group, parent)
+            cache, layout = segments.start(max(p.blocks, pre_plan.blocks), groups, npre + f.replicas * p.dp, group,
+                                           parent)
             kv = Runs(*layout, gend)
         else:
-            kv, cache = blockwise.start(c, traffic.prompt_tokens, output, bt, npre or f.replicas, blocks), NO_CACHE
+            kv, cache = blockwise.start(c, traffic.prompt_tokens, output, bt, npre or f.replicas * p.dp, blocks), NO_CACHE
         counters = _counters(serve(arrived, traffic.prompt_tokens, output, pre, dec, rules, routing, kv, cache, first,
                                    done, replica, pre_replica, runs, gaps, scratch.work(WORK_ROWS, n)))
         got[:] = [arrived, kv, cache, counters]

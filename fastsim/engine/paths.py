@@ -10,7 +10,8 @@ The loops:
   the serving loop in its one-engine shape), on one engine, or on each replica of a pool whose
   router decides from the request alone (the replicas run apart);
 - ``serve``: one run of the serving loop (:mod:`.kernels.serve`) over every replica: a
-  load-aware router, content the requests share, sessions, closed-loop clients.
+  load-aware router, content the requests share, sessions, closed-loop clients, data-parallel
+  ranks (its lock-step shape).
 
 Where requests share content, its KV state (:mod:`.kernels._kv`) is the prefix cache as ``runs``
 of blocks for a chat tree (system prompts and sessions' turns), or ``blocks``, one by one, for a
@@ -68,6 +69,8 @@ def of(config: Config, shared: bool | None = None, tree: bool = True, closed: bo
         return Path(kind, pool, SERVE if shared else pool, router, "")
     if kind == "cached" and (shared or closed):  # (arrivals that wait for completions: the serving loop)
         return Path(kind, SERVE, "", f.router if shared else router, held if shared else "")
+    if config.engine.dp > 1:  # data-parallel ranks step together: the serving loop's lock-step shape
+        return Path(kind, SERVE, "", router, "")
     return Path(kind, ENGINE if f.replicas == 1 else pool, "", f.router if kind == "one" else router, "")
 
 

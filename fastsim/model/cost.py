@@ -14,7 +14,14 @@ the roofline of memory (weights and KV read; of a mixture of experts' routed exp
 q^N = (1 - k/E)^N that no token of the step picks is not read) against compute (2 FLOPs per
 parameter per token at the dtype's peak, 4 attn_dim FLOPs per query-key pair per layer, and the
 LM head's 2 hidden vocab FLOPs per sampled row), plus two all-reduces per layer under tensor
-parallelism (expert parallelism: a MoE layer's second becomes a dispatch and a combine). The
+parallelism (expert parallelism: a MoE layer's second becomes a dispatch and a combine).
+
+With attention data parallelism (``engine.dp`` ranks of tp GPUs, experts over all dp x tp of
+them) the ranks step in lock-step: each rank's GPUs read their own dense weights, their share
+1/dp of the routed experts (less those no token of any rank picks) and their own requests' KV,
+and compute their own tokens through the dense layers and their share of every rank's tokens
+through the experts; a step takes the overhead plus the slowest rank's roofline and exchange
+(:func:`rank_time`, :func:`group_step_time`). The
 coefficients are folded once per run (:func:`coefficients`); the lesson's model is every
 coefficient zero but the first two, and then a step costs exactly ``t_weights + t_kv C``, the
 same floating-point operations as the lesson.
@@ -28,12 +35,14 @@ import numpy as np
 
 from .._jit import inline
 from .fields import LARGEST, ConfigError
+from .hf_config import WEIGHT_BYTES
 from .schema import Config
 
 # Indices into the coefficient vector a kernel gets.
 (OVERHEAD, T_WEIGHTS, T_KV, T_TOKEN, T_PAIR, T_LINK, T_LINK_TOKEN, T_SAMPLE, T_EXPERTS,
- UNPICKED) = range(10)
-N_COEFFICIENTS = 10
+ UNPICKED, T_EXPERT_TOKEN, RANKS) = range(12)
+N_COEFFICIENTS = 12
+LOW = (1 << 32) - 1  # a data-parallel step's record packs every rank's tokens above its sampled rows
 
 
 def peak_tflops(config: Config) -> float | None:
@@ -51,6 +60,7 @@ def coefficients(config: Config) -> np.ndarray:
     hw, m, e, cal = config.hardware, config.model, config.engine, config.calibration
     bandwidth = hw.mem_bandwidth_tb_s * 1e12 * cal.bandwidth_efficiency * e.tp  # bytes/s, all GPUs
     k = np.zeros(N_COEFFICIENTS)
+    k[RANKS] = e.dp
     # a fixed time per step, and per layer of it (kernel latencies: every GPU runs each layer)
     k[OVERHEAD] = (cal.step_overhead_ms / 1e3 + cal.layer_overhead_us * 1e-6 * (m.n_layers or 0)
                    + cal.moe_layer_overhead_us * 1e-6 * m.moe_layers)
@@ -93,7 +103,43 @@ def coefficients(config: Config) -> np.ndarray:
         else:
             k[T_LINK] = 2 * m.n_layers * hw.link_latency_us * 1e-6
             k[T_LINK_TOKEN] = 2 * m.n_layers * 2 * (e.tp - 1) / e.tp * m.hidden * 2 / (hw.link_gb_s * 1e9)
+    if e.dp > 1:
+        _data_parallel(config, k)
     return k
+
+
+def _data_parallel(config: Config, k: np.ndarray) -> None:
+    """``k`` as one rank of ``engine.dp`` reads it (the module docstring): the routed experts'
+    weights and compute a 1/dp share over every rank's tokens (``T_EXPERTS``, ``T_EXPERT_TOKEN``),
+    the rest over the rank's own; per layer the tensor-parallel all-reduces within the rank (the
+    attention's, and the MLP's of dense layers) and a dispatch and a combine of k copies of each
+    of the rank's tokens over all dp x tp GPUs (hierarchical beyond a scale-up domain)."""
+    hw, m, e, cal = config.hardware, config.model, config.engine, config.calibration
+    dp = e.dp
+    routed = k[T_EXPERTS]
+    k[T_WEIGHTS] -= routed * (1 - 1 / dp)
+    k[T_EXPERTS] = routed / dp
+    if k[T_TOKEN]:  # the routed experts' share of the active parameters
+        expert_params = m.moe_layers * m.experts_per_token * m.expert_gb / WEIGHT_BYTES[m.dtype]  # billions
+        experts = 2e9 * expert_params / (peak_tflops(config) * 1e12 * cal.compute_efficiency * e.tp)
+        k[T_TOKEN] -= experts
+        k[T_EXPERT_TOKEN] = experts / dp
+    n, moe = m.n_layers, m.moe_layers
+    link = m.hidden * 2 / (hw.link_gb_s * 1e9)  # one token's BF16 activations
+    reduces = 2 * n - moe  # all-reduces within the rank: every attention's, dense layers' MLPs'
+    latency = token = 0.0
+    if e.tp > 1:
+        span = domains(config)
+        g = e.tp // span
+        net = m.hidden * 2 / (hw.scaleout_gb_s * 1e9) if span > 1 else 0.0
+        latency = reduces * (hw.link_latency_us + 2 * (span - 1) * hw.scaleout_latency_us) * 1e-6
+        token = reduces * (2 * (g - 1) / g * link + (2 * (span - 1) / span * net / g if span > 1 else 0.0))
+    group = dp * e.tp
+    span = exchange_domains(config)
+    g = group // span
+    net = m.hidden * 2 / (hw.scaleout_gb_s * 1e9) if span > 1 else 0.0
+    k[T_LINK] = latency + 2 * moe * (hw.link_latency_us + 2 * (span - 1) * hw.scaleout_latency_us) * 1e-6
+    k[T_LINK_TOKEN] = token + moe * 2 * m.experts_per_token * max((g - 1) / group * link, (group - g) / group * net)
 
 
 # The keys each coefficient is made of, for an error that names them.
@@ -108,6 +154,8 @@ COEFFICIENT_KEYS = {
     T_SAMPLE: "model.vocab, model.hidden, hardware.peak_tflops",
     T_EXPERTS: "model.expert_gb, model.experts, hardware.mem_bandwidth_tb_s",
     UNPICKED: "model.experts_per_token, model.experts",
+    T_EXPERT_TOKEN: "model.expert_gb, model.experts_per_token, hardware.peak_tflops",
+    RANKS: "engine.dp",
 }
 
 
@@ -136,6 +184,33 @@ def step_time(k, n_tokens, kv_tokens, pairs, sampled):
     return step_time_with(k, weights_time(k, n_tokens), n_tokens, kv_tokens, pairs, sampled)
 
 
+@inline
+def rank_time(k, n_all, n_tokens, kv_tokens, pairs, sampled):
+    """Seconds one data-parallel rank's part of a lock-step step takes beyond the overhead: its
+    roofline (its dense weights and share of the experts the ``n_all`` tokens of every rank pick,
+    its KV; its own tokens through the dense layers, its share of all of them through the
+    experts) and its exchange."""
+    memory = weights_time(k, n_all) + k[T_KV] * kv_tokens
+    compute = k[T_TOKEN] * n_tokens + k[T_EXPERT_TOKEN] * n_all + k[T_PAIR] * pairs + k[T_SAMPLE] * sampled
+    return max(memory, compute) + (k[T_LINK] + k[T_LINK_TOKEN] * n_tokens)
+
+
+@inline
+def group_step_time(k, n_tokens, kv_tokens, pairs, packed):
+    """A lock-step step's seconds as a step run records it: the slowest rank's tokens, KV,
+    pairs and ``packed`` = its sampled rows | every rank's tokens << 32."""
+    return k[OVERHEAD] + rank_time(k, packed >> 32, n_tokens, kv_tokens, pairs, packed & LOW)
+
+
+@inline
+def run_time(k, n_tokens, kv_tokens, pairs, sampled):
+    """A recorded step's seconds: :func:`step_time`, or :func:`group_step_time` where ranks step
+    together (``k[RANKS]`` > 1)."""
+    if k[RANKS] > 1.0:
+        return group_step_time(k, n_tokens, kv_tokens, pairs, sampled)
+    return step_time(k, n_tokens, kv_tokens, pairs, sampled)
+
+
 def frozen(k: np.ndarray) -> tuple:
     """The coefficients as a tuple of floats, as the serving loop's pools hold them (values, not
     an array: choosing between two pools' costs a compiled loop nothing)."""
@@ -145,7 +220,7 @@ def frozen(k: np.ndarray) -> tuple:
 @inline
 def frozen_in_loop(k):
     """:func:`frozen` in compiled code."""
-    return (k[0], k[1], k[2], k[3], k[4], k[5], k[6], k[7], k[8], k[9])
+    return (k[0], k[1], k[2], k[3], k[4], k[5], k[6], k[7], k[8], k[9], k[10], k[11])
 
 
 def is_lesson(config: Config, k: np.ndarray | None = None) -> bool:
@@ -159,6 +234,7 @@ def is_lesson(config: Config, k: np.ndarray | None = None) -> bool:
         and config.workload.prefix_tokens == 0
         and config.calibration.api_overhead_ms == 0
         and not (config.engine.async_scheduling and config.engine.policy == "continuous")
+        and config.engine.dp == 1
     )
 
 
@@ -168,6 +244,20 @@ def domains(config: Config) -> int:
     network)."""
     g = config.hardware.scaleup_gpus
     return 1 if g is None or config.engine.tp <= g else config.engine.tp // g
+
+
+def exchange_domains(config: Config) -> int:
+    """The scale-up domains the dp x tp GPUs of a data-parallel replica's expert exchange span
+    (1 within one)."""
+    g, group = config.hardware.scaleup_gpus, config.engine.dp * config.engine.tp
+    return 1 if g is None or group <= g else group // g
+
+
+def rank_weight_gb(config: Config) -> float:
+    """Weights one rank's tp GPUs hold: all but the routed experts, and 1/dp of those (every
+    weight without data parallelism)."""
+    m, dp = config.model, config.engine.dp
+    return m.weight_gb if dp == 1 else m.weight_gb - m.moe_layers * m.experts * m.expert_gb * (1 - 1 / dp)
 
 
 def replicated(config: Config) -> bool:
@@ -189,13 +279,14 @@ def kv_bytes_per_gpu(config: Config) -> float:
 
 
 def kv_capacity_gb(config: Config) -> float | None:
-    """GB of KV cache across the tensor-parallel group; None: unlimited."""
+    """GB of KV cache across the tensor-parallel group (one rank's under data parallelism);
+    None: unlimited."""
     hw, m, e = config.hardware, config.model, config.engine
     if e.kv_cache_gb is not None:
         return e.kv_cache_gb
     if hw.mem_gb is None:
         return None
-    return e.tp * (hw.mem_gb * e.gpu_memory_utilization - e.reserved_gb) - m.weight_gb
+    return e.tp * (hw.mem_gb * e.gpu_memory_utilization - e.reserved_gb) - rank_weight_gb(config)
 
 
 def kv_blocks(config: Config) -> int | None:
@@ -209,7 +300,8 @@ def kv_blocks(config: Config) -> int | None:
         hw, m, e = config.hardware, config.model, config.engine
         kv_gpu = kv_bytes_per_gpu(config)
         tokens = (e.kv_cache_gb * 1e9 / (e.tp * kv_gpu) if e.kv_cache_gb is not None else
-                  (hw.mem_gb * e.gpu_memory_utilization - e.reserved_gb - m.weight_gb / e.tp) * 1e9 / kv_gpu)
+                  (hw.mem_gb * e.gpu_memory_utilization - e.reserved_gb - rank_weight_gb(config) / e.tp) * 1e9
+                  / kv_gpu)
         blocks = math.floor(tokens) / e.block_tokens if abs(tokens) <= LARGEST else tokens
     if blocks > LARGEST:  # also infinity: a count no machine holds, whose whole part a kernel cannot take
         raise ConfigError(f"the KV cache of {capacity:.3g} GB holds {blocks:.3g} blocks of engine.block_tokens "

@@ -92,10 +92,10 @@ def prefill_config(config: Config) -> Config:
 
 
 def gpus(config: Config) -> int:
-    """GPUs of the whole fleet: replicas x engine.tp, plus prefill replicas x their tp."""
+    """GPUs of the whole fleet: replicas x engine.dp x engine.tp, plus prefill replicas x their tp."""
     f = config.fleet
     prefill = f.prefill_replicas * prefill_config(config).engine.tp if f.prefill_replicas else 0
-    return f.replicas * config.engine.tp + prefill
+    return f.replicas * config.engine.dp * config.engine.tp + prefill
 
 
 def usd_per_hour(config: Config) -> float:
@@ -105,6 +105,6 @@ def usd_per_hour(config: Config) -> float:
 
     def price(c: Config, replicas: int) -> float:
         each = c.hardware.usd_per_gpu_hour
-        return 0.0 if replicas == 0 else (math.nan if each is None else replicas * c.engine.tp * each)
+        return 0.0 if replicas == 0 else (math.nan if each is None else replicas * c.engine.dp * c.engine.tp * each)
 
     return price(config, f.replicas) + (price(prefill_config(config), f.prefill_replicas) if f.prefill_replicas else 0.0)

@@ -36,7 +36,11 @@ class Engine(Section):
         "dynamic batching: a batch also starts once the oldest waiting request has waited this long", "ms"))
     max_batched_tokens: Int | None = Field(None, ge=1, **doc(
         "token budget per step, chunked prefill (vLLM's max_num_batched_tokens; null: unlimited)", "tokens"))
-    tp: Int = Field(1, ge=1, **doc("tensor-parallel GPUs per replica", "GPUs"))
+    tp: Int = Field(1, ge=1, **doc("tensor-parallel GPUs per replica (per data-parallel rank)", "GPUs"))
+    dp: Int = Field(1, ge=1, **doc(
+        "attention data-parallel ranks per replica, tp GPUs each (vLLM's --data-parallel-size with "
+        "--enable-expert-parallel): each rank schedules its own requests with its own KV cache and budget, the "
+        "ranks step together and a mixture of experts' experts are spread over all dp x tp GPUs", "ranks"))
     expert_parallel: bool = Field(False, **doc(
         "spread a mixture of experts' experts over the tp GPUs instead of splitting each (vLLM's "
         "--enable-expert-parallel): a MoE layer's all-reduce becomes a dispatch and a combine"))
@@ -50,7 +54,7 @@ class Engine(Section):
     reserved_gb: float = Field(2.0, ge=0, **Finite, **doc("memory per GPU kept for activations and CUDA graphs",
                                                            "GB"))
     kv_cache_gb: float | None = Field(None, gt=0, **Finite, **doc(
-        "the KV cache of a replica outright, overriding the memory rule (null: from memory)", "GB"))
+        "the KV cache of a replica (of each data-parallel rank) outright, overriding the memory rule (null: from memory)", "GB"))
     prefix_caching: bool = Field(False, **doc(
         "cache KV blocks by content and reuse them across requests (vLLM's automatic prefix caching); "
         "continuous batching's: static and dynamic batching have none and run without it"))

@@ -99,7 +99,8 @@ def describe(config: Config, n_requests: int) -> str:
     blocks = kv_blocks(config)
     kv = "KV unlimited" if blocks is None else f"KV {blocks * e.block_tokens:,} tokens"
     budget = "" if e.max_batched_tokens is None else f", budget {e.max_batched_tokens:,} tokens"
-    engine = f"{e.policy} batching, max_batch {e.max_batch}, limit {e.limit}{budget}, {kv}"
+    ranks = f" on each of {e.dp} ranks" if e.dp > 1 else ""
+    engine = f"{e.policy} batching{ranks}, max_batch {e.max_batch}, limit {e.limit}{budget}, {kv}"
     if pools.prefix_cache(config):
         engine += ", prefix cache"
     if f.replicas > 1 or f.prefill_replicas:
@@ -123,14 +124,17 @@ def describe(config: Config, n_requests: int) -> str:
 
 
 def layout(config: Config) -> str:
-    """A replica's GPUs in words: ``tp 8``, ``tp 16 over 2 scale-up domains of 8``, with ``,
-    expert parallel over N GPUs`` where the experts are spread."""
-    from ..model.cost import domains
+    """A replica's GPUs in words: ``tp 8``, ``tp 16 over 2 scale-up domains of 8``, ``dp 4 x tp
+    1``, with ``, expert parallel over N GPUs`` where the experts are spread."""
+    from ..model.cost import domains, exchange_domains
 
     e = config.engine
     span = domains(config)
-    text = f"tp {e.tp}" + (f" over {span} scale-up domains of {e.tp // span}" if span > 1 else "")
-    return text + (f", expert parallel over {e.tp} GPUs" if e.expert_parallel else "")
+    text = (f"dp {e.dp} x " if e.dp > 1 else "") + f"tp {e.tp}" + (
+        f" over {span} scale-up domains of {e.tp // span}" if span > 1 else "")
+    gpus, span = e.dp * e.tp, exchange_domains(config)
+    spread = f" in {span} scale-up domains of {gpus // span}" if e.dp > 1 and span > 1 else ""
+    return text + (f", expert parallel over {gpus} GPUs{spread}" if e.expert_parallel else "")
 
 
 def _sustained(config: Config, table: np.ndarray) -> tuple[np.ndarray, str]:

@@ -38,7 +38,7 @@ def test_contract_keys_all_exist():
     engine.prefix_caching workload.system_prompts workload.sessions workload.trace_hash_block
     fleet.prefix_weight engine.async_scheduling workload.warmup workload.concurrency workload.ramp_s
     workload.think_s workload.prompt.range_ratio workload.output.range_ratio calibration.moe_layer_overhead_us
-    hardware.scaleup_gpus hardware.scaleout_gb_s hardware.scaleout_latency_us""".split()
+    hardware.scaleup_gpus hardware.scaleout_gb_s hardware.scaleout_latency_us engine.dp""".split()
     assert sorted(contract) == sorted(LEAF_KEYS)
 
 

@@ -115,6 +115,15 @@ class Replica:
         """One turn of the engine's loop at ``self.now`` (arrivals already joined): schedule and
         run a step. ``no_more``: no request will join later (static and dynamic batching).
         Returns False when nothing could be scheduled (the caller moves time on)."""
+        rows = self.schedule(no_more)
+        if not rows:
+            return False
+        self.finish(rows, self.e.cost(*self.totals(rows)))
+        return True
+
+    def schedule(self, no_more):
+        """The rows of the step at ``self.now``: (request, c before, n tokens); blocks are taken,
+        requests preempted and admitted as the rules say."""
         e, prompt, output, g, c, held = self.e, self.prompt, self.output, self.g, self.c, self.held
         waiting, running = self.waiting, self.running
         cached = e.prefix_blocks * e.block_tokens  # tokens every admission starts with
@@ -190,13 +199,21 @@ class Replica:
                 else:  # padding: the finished row's KV is still read
                     rows.append((i, prompt[i] + output[i] - 1, 1))
         self.max_queue = max(self.max_queue, len(waiting))
-        if not rows:
-            return False
+        return rows
+
+    def totals(self, rows):
+        """(N, C, A, S) of a step's rows."""
+        prompt, g = self.prompt, self.g
         N = sum(t for _, _, t in rows)
         C = sum(c0 + t for _, c0, t in rows)
         A = sum(t * (2 * c0 + t + 1) // 2 for _, c0, t in rows)
         S = sum(1 for i, c0, t in rows if i not in self.done and c0 + t == prompt[i] + g[i])  # rows that emit
-        d = e.cost(N, C, A, S)
+        return N, C, A, S
+
+    def finish(self, rows, d):
+        """The step of ``rows`` taking ``d`` seconds: tokens emitted, requests done."""
+        e, prompt, output, g, c, held = self.e, self.prompt, self.output, self.g, self.c, self.held
+        running = self.running
         self.began = self.now
         self.now += d
         self.steps += 1
@@ -229,7 +246,6 @@ class Replica:
                 for i in running:
                     held[i] = 0
             self.running = []
-        return True
 
 
 def simulate(arrival, prompt, output, e: Engine):

@@ -61,6 +61,11 @@ class Plan:
     api_s: float
 
     @property
+    def dp(self) -> int:
+        """Data-parallel ranks a replica (lock-step: the serving loop's :mod:`._lockstep` shape)."""
+        return int(self.k[cost.RANKS])
+
+    @property
     def numbers(self) -> Numbers:
         """What every one-engine kernel takes of the plan (:mod:`.one_engine`)."""
         return Numbers(self.limit, self.window_s, self.k, self.budget, self.blocks, self.block_tokens, self.kv_mode,

@@ -105,6 +105,25 @@ def client_sends(t, think, arrival, heap_t, heap_i, nheap, j):
 
 
 @inline
+def take_next(given, sp, heap_t, heap_i, nheap, think, arrival, sending, starts):
+    """A pool's next arrival taken: (its time, request (-1: none left), ``sp``, the heap's size,
+    ``sending``). Where it is a closed-loop client's being free (a request index past the
+    given ones), the client sends request ``sending`` (if any is left) after its think time, and
+    ``sending`` moves to the next client's first."""
+    t, q, sp = next_arrival(given, sp, heap_t, heap_i, nheap)
+    if q < 0:
+        return t, q, sp, nheap, sending
+    if q == sp and sp < given.size:
+        sp += 1
+    else:
+        nheap = pop(heap_t, heap_i, nheap)
+    if q >= arrival.size and sending < arrival.size:
+        nheap = client_sends(t, think, arrival, heap_t, heap_i, nheap, sending)
+        sending = starts[sending]
+    return t, q, sp, nheap, sending
+
+
+@inline
 def arrive(now, t_next, q_next, sp, nheap, qfirst, qlast, nwait, arrival, heap_t, heap_i, qnext):
     """One engine whose run releases arrivals: every arrival due by ``now`` (the next is
     ``t_next``, request ``q_next``: from the given ``arrival`` or the heap) joins the waiting

@@ -33,6 +33,7 @@ from ...model.cost import step_time_with, weights_time
 from . import _kv as roles
 from ._arrivals import arrive
 from ._calendar import extend_run
+from ._running import cdiv
 from ...model.cost import (OVERHEAD, T_EXPERTS, T_KV, T_LINK, T_LINK_TOKEN, T_PAIR, T_SAMPLE, T_TOKEN, T_WEIGHTS,
                            UNPICKED)
 
@@ -40,6 +41,21 @@ STEPPED = 16  # bare steps taken one by one before the rest of a run goes in clo
 SHORTEST = 12  # ... if that many are left at least
 ALL = np.int64(-1)
 ONE = np.int64(1)
+
+
+@inline
+def may_admit(kv, i, preempted, limited, left, prompt, g, c, cached, reserve, o_max, bt, pb, free):
+    """Whether the head of the waiting queue, request ``i`` (``preempted``: the front of the
+    preempted ones), may be admitted in the next step (``left``: its budget after the decoders'
+    tokens): then bare steps cannot run. Where its hit changes as blocks are taken (a cache that
+    keeps the order of releases, or re-hits a preempted request's blocks), or the cache is
+    unlimited, or no budget is left, say so: the loop goes step by step."""
+    if roles.ordered(kv) or not limited or left <= 0 or roles.rehits(kv, preempted):
+        return True
+    ci = max(c[i], cached)
+    take = min(prompt[i] + g[i] - ci, left)
+    need = cdiv(prompt[i] + o_max, bt) - pb if reserve else cdiv(ci + take, bt) - pb
+    return need <= free
 
 
 @inline

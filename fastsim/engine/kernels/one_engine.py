@@ -73,7 +73,7 @@ def serving_continuous(arrival, prompt, output, plan, token_1, first_token, done
     k = frozen_in_loop(k)
     pool = Pool(ONE, k, budget, blocks, NO_SLACK)
     rules = Rules(limit, bt, pb, kv_mode == RESERVE, o_max, lookahead, 0.0)
-    routing = Alone(UNROUTED, unrouted, 1.0, no_times, no_times, unrouted, token_1, 0, unrouted)
+    routing = Alone(UNROUTED, unrouted, 1.0, no_times, no_times, unrouted, token_1, 0, unrouted, 1)
     _, (steps, busy, queue, preemptions, kv_sum, kv_peak), nruns, ngaps, _ = serve(
         arrival, prompt, output, Pool(NONE, k, budget, blocks, NO_SLACK), pool, rules, routing, Counters(kv_mode, o_max),
         no_cache, first_token, done, unrouted, unrouted, runs, gaps, work)

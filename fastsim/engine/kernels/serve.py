@@ -1,20 +1,17 @@
 """The serving model's continuous-batching step loop: one source for one engine and every pool of
 replicas behind any router, with the KV cache as counters or as vLLM's prefix cache, with sessions
-and a prefill pool in front (docs/model/serving.md, docs/model/fleets.md,
-docs/model/prefix-cache.md). With every serving-model addition off the lesson's own kernels
+and a prefill pool in front, and for replicas of data-parallel ranks that step together
+(:mod:`._lockstep`) (docs/model/serving.md, docs/model/fleets.md, docs/model/prefix-cache.md,
+docs/model/deployed.md). With every serving-model addition off the lesson's own kernels
 (:mod:`.lesson`) run instead. What it is given, and the shapes it is compiled for, are
 :mod:`._shape`'s; the KV cache's roles :mod:`._kv`'s.
 
-Arrivals are the given ones (a NaN for a session's later turn or a closed-loop client's later
-request) and those the run releases (a turn after the one before it is done, a client's next
-request after its last, a prompt's KV reaching the decode pool), taken in time order, ties to the
-lower index (:mod:`._arrivals`). One engine takes each as it comes, at the first step that
-starts at or after it (async scheduling, ``lookahead``: one step later, if a step was running). A
-pool routes each at its instant, after every replica ran each step that starts before it, so the
-router sees their outstanding requests and KV blocks as of then; an idle replica wakes at it.
-Where the run releases arrivals, a replica may run ahead of the others only as far as no release
-can reach: replicas advance in time order, each up to the others' clocks plus the least time a
-release of theirs can take (:func:`._route.earliest`).
+Arrivals, given or released by the run (:mod:`._arrivals`), are taken in time order. One engine
+takes each at the first step that starts at or after it (async scheduling, ``lookahead``: one step
+later, if a step was running). A pool routes each at its instant, after every replica ran each
+step that starts before it (the router sees their requests and KV blocks as of then); an idle
+replica wakes at it. Where the run releases arrivals, replicas advance in time order, each up to
+the others' clocks plus the least time a release of theirs can take (:func:`._route.earliest`).
 
 The work per step does not depend on the batch size:
 
@@ -48,14 +45,15 @@ import numpy as np
 from ..._jit import jit, unmanaged
 from ...model.cost import step_time
 from . import _kv as roles
-from ._arrivals import arrive, client_sends, next_arrival, pop, released_by, send
-from ._bare import bare_run, mark
+from ._arrivals import arrive, next_arrival, released_by, send, take_next
+from ._bare import bare_run, mark, may_admit
 from ._calendar import extend_run, totals
 from ._preempt import preempt_for
-from ._route import destination, earliest
+from ._route import earliest, route
 from ._running import cal_file, cal_remove, cdiv, join_queue, link_tail, unlink
 from ._shape import *  # noqa: F403 (the rows of work, the columns of st)
-from ._shape import alone, releases, start
+from ._shape import alone, load, lockstep, releases, save, start
+from ._lockstep import next_rank
 
 
 @jit
@@ -81,7 +79,6 @@ def serve(arrival, prompt, output, pre, dec, rules, routing, kv, cache, first_to
     n = arrival.size
     npre = pre.replicas
     replicas = npre + dec.replicas
-    code = routing.code
     # every array as a view Numba does not reference-count (:func:`fastsim._jit.unmanaged`): the
     # caller holds the arguments, ``kept`` what the loop allocates
     arrival, prompt, output, first_token, done = (unmanaged(arrival), unmanaged(prompt), unmanaged(output),
@@ -90,7 +87,7 @@ def serve(arrival, prompt, output, pre, dec, rules, routing, kv, cache, first_to
                                               unmanaged(gaps), unmanaged(work))
     cache, think, link_s, token_1 = unmanaged(cache), unmanaged(routing.think), unmanaged(routing.link_s), unmanaged(
         routing.token_1)
-    routes, decode_routes, weight = unmanaged(routing.routes), unmanaged(routing.decode_routes), routing.weight
+    routes, decode_routes = unmanaged(routing.routes), unmanaged(routing.decode_routes)
     sessions = think.size > 0  # (or closed-loop clients: ``clients`` of them)
     clients = routing.clients
     starts = unmanaged(routing.next_start)
@@ -119,7 +116,7 @@ def serve(arrival, prompt, output, pre, dec, rules, routing, kv, cache, first_to
     joined = work[JOINED].view(np.float64)  # when it joined its replica's queue (routed, releasing runs)
     seq = work[SEQ]  # when it was admitted, in its replica's count (running-list order)
     kept = start(prompt, output, token_1, work, replicas, npre, pre.blocks, dec.blocks, pb, bt, limit, releases(routing),
-                 alone(routing) and not releases(routing))
+                 alone(routing) and not releases(routing), lockstep(routing))
     ring, stride = kept[0], kept[1]
     bucket, occ, bcount, st = unmanaged(kept[2]), unmanaged(kept[3]), unmanaged(kept[4]), unmanaged(kept[5])
     now_r, began_r = unmanaged(kept[6]), unmanaged(kept[7])  # each replica's clock; its last step's start
@@ -134,11 +131,21 @@ def serve(arrival, prompt, output, pre, dec, rules, routing, kv, cache, first_to
     sp = head = 0  # the next given arrival; one engine over given arrivals: the next to join its queue
     routed = routed_decode = 0
     t_next, q_next, sp = next_arrival(given, sp, heap_t, heap_i, nheap)
+    cur, stage, sub, gbound, group_d = -1, 0, 0, 0.0, 0.0  # data-parallel ranks: the replica running, its pass
+    groups = replicas // routing.dp if lockstep(routing) else 0
+    gout, gused = np.zeros(groups, np.int64), np.zeros(groups, np.int64)  # its ranks' sums, for the router
     while True:
         until = np.inf if alone(routing) else t_next
         turn = 0  # the next replica in turn (where no arrival is released: each runs up to ``until``)
         while True:
-            if releases(routing) and not alone(routing):  # the earliest replica with work, up to where no
+            if lockstep(routing):  # a replica's ranks, in two passes a step (:mod:`._lockstep`)
+                rep, stage, sub, turn, cur, gbound, group_d, nruns = next_rank(
+                    dec_k, st, now_r, runs, nruns, until, routing.dp, releases(routing), dec.slack, turn, cur, gbound,
+                    stage, sub, group_d)
+                if rep < 0:
+                    break
+                bound = np.inf
+            elif releases(routing) and not alone(routing):  # the earliest replica with work, up to where no
                 rep, bound = earliest(st, now_r, until, npre, pre.slack, dec.slack)  # release of the others reaches
                 if rep < 0:
                     break
@@ -159,14 +166,10 @@ def serve(arrival, prompt, output, pre, dec, rules, routing, kv, cache, first_to
             hitting = npre == 0 or prefilling  # a decode replica behind a prefill pool caches nothing
             now = now_r[rep]
             base = rep * stride
-            rhead, rtail, running = st[rep, RHEAD], st[rep, RTAIL], st[rep, RUNNING]
-            cursor, n_dec, sum_c = st[rep, CURSOR], st[rep, N_DEC], st[rep, SUM_C]
-            partial, ptop, npre_q = st[rep, PARTIAL], st[rep, PTOP], st[rep, NPRE]
-            qfirst, qlast, nwait = st[rep, QFIRST], st[rep, QLAST], st[rep, NWAIT]
-            steps, busy, max_queue, preemptions = st[rep, STEPS], st[rep, BUSY], st[rep, MAX_QUEUE], st[rep, PREEMPTIONS]
-            kv_sum, kv_peak, free, aux = st[rep, KV_SUM], st[rep, KV_PEAK], st[rep, FREE], st[rep, AUX]
-            run_kv, run_pairs, run_nw, run_m = st[rep, RUN_KV], st[rep, RUN_PAIRS], st[rep, RUN_NW], st[rep, RUN_M]
-            run_s, admitted = st[rep, RUN_S], st[rep, ADMITTED]
+            ro = rep * (rows_i.size // replicas) if lockstep(routing) else 0  # its rows, where ranks step together
+            (rhead, rtail, running, cursor, n_dec, sum_c, partial, ptop, npre_q, qfirst, qlast, nwait, steps, busy,
+             max_queue, preemptions, kv_sum, kv_peak, free, aux, run_kv, run_pairs, run_nw, run_m, run_s,
+             admitted) = load(st, rep)
             finished = 0
             while now < bound:
                 if alone(routing) and t_next <= now:  # arrivals join the queue
@@ -178,101 +181,117 @@ def serve(arrival, prompt, output, pre, dec, rules, routing, kv, cache, first_to
                             head += 1
                             nwait += 1
                         t_next = arrival[head] if head < n else np.inf
-                left = budget - n_dec  # decoders first: one token each, always within the budget
-                nrows = 0
-                preempted = False
-                # 1. running requests: decoders' new blocks, then the partial row (the tail)
-                ptake = 0
-                pneed = 0
-                if partial >= 0:
-                    ptake = min(prompt[partial] + g[partial] - c[partial], left)
-                    if paged:
-                        pneed = cdiv(c[partial] + ptake, bt) - pb - held[partial]
-                if paged and (roles.walks(kv, hitting) or bcount[rep, steps % bt] + pneed > free):  # too few blocks
-                    # for everyone (or a cache that knows each block: every request given its own)
-                    (rhead, rtail, running, partial, n_dec, sum_c, free, aux, ptop, npre_q, nwait, preemptions,
-                     preempted) = preempt_for(
-                        kv, cache, rep, hitting, bt, pb, blocks, steps, now, prompt, g, c, held,
-                        dbase, phase, last_t, pnext, rprev, rnext, bucket, cnext, cprev, bcount, rhead, rtail, running,
-                        partial, pneed, n_dec, sum_c, free, aux, ptop, npre_q, nwait, preemptions)
-                    left = budget - n_dec
-                elif paged:
-                    free, aux = roles.allocate(kv, rep, bcount[rep, steps % bt] + pneed, free, aux)
+                if not lockstep(routing) or stage == 0:  # (a lock-step rank's second pass runs the step)
+                    left = budget - n_dec  # decoders first: one token each, always within the budget
+                    nrows = 0
+                    preempted = False
+                    # 1. running requests: decoders' new blocks, then the partial row (the tail)
+                    ptake = 0
+                    pneed = 0
                     if partial >= 0:
-                        held[partial] += pneed
-                sampled = n_dec  # rows that emit a token: every decoder, and prefills that complete
-                if partial >= 0:
-                    rows_i[0] = partial
-                    rows_c[0] = c[partial]
-                    rows_n[0] = ptake
-                    nrows = 1
-                    left -= ptake
-                    sampled += ptake == prompt[partial] + g[partial] - c[partial]
-                    roles.filled(kv, cache, rep, partial, c[partial], c[partial] + ptake, hitting, bt)
-                # 2. admission, only when nobody was preempted; the head of the queue blocks it
-                if not preempted:
-                    seen = began_r[rep] if lookahead and running > 0 else now  # arrivals the batch can hold
-                    while running < limit and left > 0 and nwait > 0:
-                        i = ptop if npre_q > 0 else qfirst
-                        if npre_q == 0 and (joined[i] if releases(routing) and not alone(routing) else arrival[i]) > seen:
-                            break
-                        c0, h, free_hits, s_g, s_p, stop, aux = roles.computed(
-                            kv, cache, rep, i, prompt[i], g[i], c[i], npre_q > 0, free, aux,
-                            hitting, blocks, bt, phase[i], dbase[i], cached)
-                        if stop:
-                            return _stopped(ngaps)
-                        todo = prompt[i] + g[i] - c0
-                        take = min(todo, left)
-                        new = 0
-                        if limited:
-                            new = cdiv(prompt[i] + o_max, bt) - pb if reserve else cdiv(c0 + take, bt) - pb - h
-                            if new + free_hits > free:
+                        ptake = min(prompt[partial] + g[partial] - c[partial], left)
+                        if paged:
+                            pneed = cdiv(c[partial] + ptake, bt) - pb - held[partial]
+                    if paged and (roles.walks(kv, hitting) or bcount[rep, steps % bt] + pneed > free):  # too few blocks
+                        # for everyone (or a cache that knows each block: every request given its own)
+                        (rhead, rtail, running, partial, n_dec, sum_c, free, aux, ptop, npre_q, nwait, preemptions,
+                         preempted) = preempt_for(
+                            kv, cache, rep, hitting, bt, pb, blocks, steps, now, prompt, g, c, held, dbase, phase,
+                            last_t, pnext, rprev, rnext, bucket, cnext, cprev, bcount, rhead, rtail, running, partial,
+                            pneed, n_dec, sum_c, free, aux, ptop, npre_q, nwait, preemptions)
+                        left = budget - n_dec
+                    elif paged:
+                        free, aux = roles.allocate(kv, rep, bcount[rep, steps % bt] + pneed, free, aux)
+                        if partial >= 0:
+                            held[partial] += pneed
+                    sampled = n_dec  # rows that emit a token: every decoder, and prefills that complete
+                    if partial >= 0:
+                        rows_i[ro] = partial
+                        rows_c[ro] = c[partial]
+                        rows_n[ro] = ptake
+                        nrows = 1
+                        left -= ptake
+                        sampled += ptake == prompt[partial] + g[partial] - c[partial]
+                        roles.filled(kv, cache, rep, partial, c[partial], c[partial] + ptake, hitting, bt)
+                    # 2. admission, only when nobody was preempted; the head of the queue blocks it
+                    if not preempted:
+                        seen = began_r[rep] if lookahead and running > 0 else now  # arrivals the batch can hold
+                        while running < limit and left > 0 and nwait > 0:
+                            i = ptop if npre_q > 0 else qfirst
+                            if npre_q == 0 and (joined[i] if releases(routing) and not alone(routing)
+                                                else arrival[i]) > seen:
                                 break
-                        free, aux = roles.admit(kv, cache, rep, i, c0, take, h, new, free_hits,
-                                                s_g, s_p, npre_q > 0, free, aux, hitting, bt)
-                        held[i] = h + new
-                        if npre_q > 0:
-                            ptop = pnext[i]
-                            npre_q -= 1
-                        else:
-                            qfirst = qnext[i]
-                            if qfirst < 0:
-                                qlast = -1
-                        nwait -= 1
-                        c[i] = c0
-                        if roles.ordered(kv):
-                            seq[i] = admitted
-                            admitted += 1
-                        rhead, rtail = link_tail(rprev, rnext, rhead, rtail, i)
-                        running += 1
-                        rows_i[nrows] = i
-                        rows_c[nrows] = c0
-                        rows_n[nrows] = take
-                        nrows += 1
-                        left -= take
-                        sampled += take == todo
-                max_queue = max(max_queue, nwait)
-                if nrows == 0 and n_dec == 0:
-                    if running == 0 and nwait == 0:
-                        if not alone(routing) or t_next == np.inf:
-                            break  # idle until a request is routed here (or none is left)
-                        now = t_next  # one engine, idle: jump to the next arrival
-                    continue  # else the only runner preempted itself: it is admitted next iteration
-                # 3. the step
-                n_tok = n_dec
-                kv_tok = sum_c + n_dec
-                pairs = sum_c + n_dec
-                for r in range(nrows):
-                    n_tok += rows_n[r]
-                    kv_tok += rows_c[r] + rows_n[r]
-                    pairs += rows_n[r] * (2 * rows_c[r] + rows_n[r] + 1) // 2
-                if limited:
-                    used = blocks - free
-                    kv_sum += used
-                    kv_peak = max(kv_peak, used)
-                d = step_time(k, n_tok, kv_tok, pairs, sampled)
-                nruns, run_kv, run_pairs, run_nw, run_m, run_s = extend_run(
-                    runs, nruns, run_kv, run_pairs, run_nw, run_m, run_s, n_tok, kv_tok, pairs, 1, n_dec, sampled)
+                            c0, h, free_hits, s_g, s_p, stop, aux = roles.computed(
+                                kv, cache, rep, i, prompt[i], g[i], c[i], npre_q > 0, free, aux,
+                                hitting, blocks, bt, phase[i], dbase[i], cached)
+                            if stop:
+                                return _stopped(ngaps)
+                            todo = prompt[i] + g[i] - c0
+                            take = min(todo, left)
+                            new = 0
+                            if limited:
+                                new = cdiv(prompt[i] + o_max, bt) - pb if reserve else cdiv(c0 + take, bt) - pb - h
+                                if new + free_hits > free:
+                                    break
+                            free, aux = roles.admit(kv, cache, rep, i, c0, take, h, new, free_hits,
+                                                    s_g, s_p, npre_q > 0, free, aux, hitting, bt)
+                            held[i] = h + new
+                            if npre_q > 0:
+                                ptop = pnext[i]
+                                npre_q -= 1
+                            else:
+                                qfirst = qnext[i]
+                                if qfirst < 0:
+                                    qlast = -1
+                            nwait -= 1
+                            c[i] = c0
+                            if roles.ordered(kv):
+                                seq[i] = admitted
+                                admitted += 1
+                            rhead, rtail = link_tail(rprev, rnext, rhead, rtail, i)
+                            running += 1
+                            rows_i[ro + nrows] = i
+                            rows_c[ro + nrows] = c0
+                            rows_n[ro + nrows] = take
+                            nrows += 1
+                            left -= take
+                            sampled += take == todo
+                    max_queue = max(max_queue, nwait)
+                    if nrows == 0 and n_dec == 0:
+                        if lockstep(routing):
+                            break  # nothing to run: the rank waits the replica's step out
+                        if running == 0 and nwait == 0:
+                            if not alone(routing) or t_next == np.inf:
+                                break  # idle until a request is routed here (or none is left)
+                            now = t_next  # one engine, idle: jump to the next arrival
+                        continue  # else the only runner preempted itself: it is admitted next iteration
+                    n_tok = n_dec
+                    kv_tok = sum_c + n_dec
+                    pairs = sum_c + n_dec
+                    for r in range(ro, ro + nrows):
+                        n_tok += rows_n[r]
+                        kv_tok += rows_c[r] + rows_n[r]
+                        pairs += rows_n[r] * (2 * rows_c[r] + rows_n[r] + 1) // 2
+                    if limited:
+                        used = blocks - free
+                        kv_sum += used
+                        kv_peak = max(kv_peak, used)
+                    if lockstep(routing):  # the replica's step time waits for every rank's rows
+                        st[rep, ACTIVE], st[rep, STEP_N], st[rep, STEP_KV] = 1, n_tok, kv_tok
+                        st[rep, STEP_PAIRS], st[rep, STEP_S], st[rep, STEP_ROWS] = pairs, sampled, nrows
+                        st[rep, STEP_W] = n_dec
+                        break
+                else:
+                    n_tok, kv_tok, pairs = st[rep, STEP_N], st[rep, STEP_KV], st[rep, STEP_PAIRS]
+                    sampled, nrows = st[rep, STEP_S], st[rep, STEP_ROWS]
+                    preempted = False
+                # 3. the step (a lock-step replica's: recorded once, :func:`._lockstep.step_of`)
+                if lockstep(routing):
+                    d = group_d
+                else:
+                    d = step_time(k, n_tok, kv_tok, pairs, sampled)
+                    nruns, run_kv, run_pairs, run_nw, run_m, run_s = extend_run(
+                        runs, nruns, run_kv, run_pairs, run_nw, run_m, run_s, n_tok, kv_tok, pairs, 1, n_dec, sampled)
                 began_r[rep] = now
                 now += d
                 steps += 1
@@ -330,7 +349,7 @@ def serve(arrival, prompt, output, pre, dec, rules, routing, kv, cache, first_to
                 # prefill rows: a row that reaches p + g computed tokens emits one
                 partial = -1
                 nsent = 0
-                for r in range(nrows):
+                for r in range(ro, ro + nrows):
                     i = rows_i[r]
                     c[i] = rows_c[r] + rows_n[r]
                     if c[i] < prompt[i] + g[i]:
@@ -379,17 +398,13 @@ def serve(arrival, prompt, output, pre, dec, rules, routing, kv, cache, first_to
                             until = min(until, heap_t[0])
                 # 4. fast path: only decoders, nobody to admit, until the next routing instant, an arrival
                 # that would be admitted, a completion or a step whose new blocks do not fit
-                if partial >= 0 or n_dec == 0 or preempted or roles.walks(kv, hitting):
+                if lockstep(routing):
+                    break  # (one step: the replica's ranks step together)
+                if partial >= 0 or n_dec == 0 or preempted or roles.walks(kv, hitting) or (
+                        nwait > 0 and running < limit and may_admit(
+                            kv, ptop if npre_q > 0 else qfirst, npre_q > 0, limited, budget - n_dec, prompt, g, c,
+                            cached, reserve, o_max, bt, pb, free)):
                     continue
-                if nwait > 0 and running < limit:
-                    i = ptop if npre_q > 0 else qfirst
-                    if roles.ordered(kv) or not limited or budget - n_dec <= 0 or roles.rehits(kv, npre_q > 0):
-                        continue  # (the head's hit changes as blocks are taken: step by step)
-                    ci = max(c[i], cached)
-                    take = min(prompt[i] + g[i] - ci, budget - n_dec)
-                    need = cdiv(prompt[i] + o_max, bt) - pb if reserve else cdiv(ci + take, bt) - pb
-                    if need <= free:
-                        continue  # the head can be admitted
                 now, queue, state, record = bare_run(
                     k, kv, rep, bt, limit, lookahead, alone(routing), releases(routing), paged, blocks, bound, bucket,
                     occ, bcount, base, ring, given, heap_t, heap_i, qnext, began_r, runs, running, now,
@@ -400,31 +415,19 @@ def serve(arrival, prompt, output, pre, dec, rules, routing, kv, cache, first_to
                 n_dec, sum_c, steps, busy, cursor, free, aux, kv_sum, kv_peak, max_queue = state
                 nruns, run_kv, run_pairs, run_nw, run_m, run_s = record
             now_r[rep] = now
-            st[rep, RHEAD], st[rep, RTAIL], st[rep, RUNNING] = rhead, rtail, running
-            st[rep, CURSOR], st[rep, N_DEC], st[rep, SUM_C] = cursor, n_dec, sum_c
-            st[rep, PARTIAL], st[rep, PTOP], st[rep, NPRE] = partial, ptop, npre_q
-            st[rep, QFIRST], st[rep, QLAST], st[rep, NWAIT] = qfirst, qlast, nwait
-            st[rep, STEPS], st[rep, BUSY], st[rep, MAX_QUEUE], st[rep, PREEMPTIONS] = steps, busy, max_queue, preemptions
-            st[rep, KV_SUM], st[rep, KV_PEAK], st[rep, FREE], st[rep, AUX] = kv_sum, kv_peak, free, aux
-            st[rep, RUN_KV], st[rep, RUN_PAIRS], st[rep, RUN_NW], st[rep, RUN_M] = run_kv, run_pairs, run_nw, run_m
-            st[rep, RUN_S], st[rep, ADMITTED] = run_s, admitted
+            save(st, rep, (rhead, rtail, running, cursor, n_dec, sum_c, partial, ptop, npre_q, qfirst, qlast, nwait,
+                           steps, busy, max_queue, preemptions, kv_sum, kv_peak, free, aux, run_kv, run_pairs, run_nw,
+                           run_m, run_s, admitted))
             outstanding[rep] -= finished
             used_blocks[rep] = blocks - free if limited else 0
         if alone(routing):
             break
         # route the next arrival: a given one, a released turn, or a prompt's KV reaching the decode pool
         if releases(routing):
-            t_next, q, sp = next_arrival(given, sp, heap_t, heap_i, nheap)
+            t_next, q, sp, nheap, sending = take_next(given, sp, heap_t, heap_i, nheap, think, arrival, sending, starts)
             if q < 0:
                 break
-            if q == sp and sp < given.size:
-                sp += 1
-            else:
-                nheap = pop(heap_t, heap_i, nheap)
-            if q >= n:  # a closed-loop client is free: it takes the next request, if any is left
-                if sending < n:
-                    nheap = client_sends(t_next, think, arrival, heap_t, heap_i, nheap, sending)
-                    sending = starts[sending]
+            if q >= n:  # a closed-loop client was free: it took the next request, if any was left
                 t_next, q_next, sp = next_arrival(given, sp, heap_t, heap_i, nheap)
                 continue
         else:
@@ -432,12 +435,10 @@ def serve(arrival, prompt, output, pre, dec, rules, routing, kv, cache, first_to
                 break
             q = sp
             sp += 1
-        to, routed, routed_decode = destination(kv, cache, q, prompt[q], bt, code, weight, routes, decode_routes,
-                                                releases(routing) and npre > 0 and sent[q], npre, replicas, st,
-                                                outstanding, used_blocks, routed, routed_decode, replica, pre_replica)
-        outstanding[to] += 1
-        if st[to, RUNNING] == 0 and st[to, NWAIT] == 0:
-            now_r[to] = max(now_r[to], t_next)  # an idle replica wakes when a request reaches it
+        to, routed, routed_decode = route(kv, cache, routing, routes, decode_routes, q, t_next, prompt[q], bt,
+                                          releases(routing) and npre > 0 and sent[q], npre, replicas, st, now_r,
+                                          outstanding, used_blocks, routed, routed_decode, replica, pre_replica, gout,
+                                          gused)
         if releases(routing):
             joined[q] = t_next
         join_queue(st, qnext, to, q, QFIRST, QLAST, NWAIT)
