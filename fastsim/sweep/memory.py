@@ -118,11 +118,14 @@ def _kind(config: Config) -> str:
         return "cached"
     if path.fleet == "disaggregated":
         return path.fleet
-    return "one" if config.fleet.replicas == 1 else ("apart" if path.loop == paths.ENGINE else "pool")
+    if config.fleet.replicas == 1 and config.engine.dp == 1:
+        return "one"
+    return "apart" if path.loop == paths.ENGINE else "pool"  # (data-parallel ranks: a pool of them)
 
 
 def replica_bytes(config: Config) -> int:
-    """Bytes of a run's per-replica state (0 for one engine): a coupled pool's calendars."""
+    """Bytes of a run's per-replica state (0 for one engine): a coupled pool's calendars, one a
+    data-parallel rank."""
     how, w = _kind(config), config.workload
     if how == "one":
         return 0
@@ -132,7 +135,7 @@ def replica_bytes(config: Config) -> int:
     if how == "cached":  # its cache in place of a calendar, and the blocks its running requests hit
         calendar = (kv_blocks(config) or 0) * BYTES_PER_BLOCK
     prefill = config.fleet.replicas if fleet.sized_by_plan(config) else config.fleet.prefill_replicas  # as many, at a guess
-    return (config.fleet.replicas + prefill) * (BYTES_PER_REPLICA + calendar)
+    return (config.fleet.replicas * config.engine.dp + prefill) * (BYTES_PER_REPLICA + calendar)
 
 
 def check(config: Config, concurrent_runs: int = 1, points: int = 0, limit: int | None = None) -> None:

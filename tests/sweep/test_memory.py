@@ -103,6 +103,9 @@ KINDS = {
     "sessions": {**SERVING, **SESSIONS},
     "sessions-disaggregated": {**SERVING, **SESSIONS, "fleet.replicas": 3, "fleet.prefill_replicas": 1,
                                "workload.rate": 6},
+    # data-parallel ranks: a pool of them in one replica
+    "dp": {**SERVING, "model.preset": "qwen3-30b-a3b", "engine.dp": 4, "engine.expert_parallel": True,
+           "workload.rate": 120},
     # a sweep of small points, many to a compiled call (analysis.batch): 1,000 points of 4,000 requests
     "sweep-small-points": {"workload.rng": "numpy", "sweep": {"workload.seed": list(range(1000))}},
 }
