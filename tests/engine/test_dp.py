@@ -122,3 +122,17 @@ def test_closed_loop_clients_on_lockstep_ranks_keep_their_concurrency():
     r = simulate(config)
     assert np.isfinite(r.done_s).all()
     assert 30 < r.metrics["concurrency_mean"] <= 32
+
+
+def test_sessions_and_the_prefix_cache_on_lockstep_ranks():
+    """Chat sessions over system prompts on two replicas of two ranks, each rank its own prefix
+    cache: every turn done once, after it arrived, and the ranks' caches hit."""
+    config = Config().with_values({**MINIMAX, "engine.dp": 2, "fleet.replicas": 2, "fleet.router": "least_outstanding",
+                                   "engine.prefix_caching": True, "workload.rate": 2.0, "workload.n_requests": 600,
+                                   "workload.system_prompts": {"count": 4, "tokens": 500},
+                                   "workload.sessions": {"turns": {"dist": "uniform", "min": 2, "max": 6}}})
+    from fastsim import simulate
+    r = simulate(config)
+    assert np.isfinite(r.done_s).all() and (r.arrival_s <= r.first_token_s).all()
+    assert (r.first_token_s <= r.done_s).all() and set(r.replica.tolist()) == {0, 1}
+    assert r.metrics["prefix_hit_rate"] > 0.2
