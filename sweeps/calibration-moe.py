@@ -1,9 +1,10 @@
 """docs/validation.md, "Mixtures of experts": the one calibration refitted where the v0.15.1 runs
 cannot see, jointly over the v0.15.1 runs and the closed-loop InferenceX runs of gpt-oss-120b
-(MXFP4, H100, tp 2-8) and MiniMax-M2.5 (NVFP4, B200, tp 1-8). Every run is simulated with the
+(MXFP4, H100, tp 2-8) and MiniMax-M2.5 (NVFP4, B200, tp 1-8, and dp 2 and 4 with expert
+parallelism). Every run is simulated with the
 same values; only the keys named are fitted, the others stay as configs/h100.yaml has them.
 Prints the fitted values and, per file and metric, the median error and median absolute error
-before and after. Run from the repository's root (about half a minute):
+before and after. Run from the repository's root (about two minutes):
 
     python sweeps/calibration-moe.py                        # fits calibration.moe_layer_overhead_us
     python sweeps/calibration-moe.py api_overhead_ms,moe_layer_overhead_us   # another choice of keys
@@ -21,6 +22,7 @@ FILES = {  # (config, measured runs)
     "v0.15.1": "configs/calibration/vllm-0.15-h100",
     "gpt-oss-120b H100": "configs/calibration/inferencex-gpt-oss-120b-h100",
     "MiniMax-M2.5 B200": "configs/calibration/inferencex-minimax-m2.5-b200",
+    "MiniMax-M2.5 B200 dp": "configs/calibration/inferencex-minimax-m2.5-b200-dp",
 }
 keys = calibrate.fit_keys((sys.argv[1] if len(sys.argv) > 1 else "moe_layer_overhead_us").split(","))
 runs, names = [], []

@@ -60,7 +60,7 @@ def test_mean_latencies_stay_within_the_stated_errors(predicted):
 def test_the_shipped_calibration_is_the_fit_of_the_open_data(root):
     """configs/h100.yaml carries what `fastsim calibrate` fits to the open runs: the v0.15.1 runs
     and, for the MoE layers' overhead, with them the InferenceX runs of gpt-oss-120b and
-    MiniMax-M2.5 (sweeps/calibration-moe.py: a refit of the five engine values over all of them
+    MiniMax-M2.5, tensor and data parallel (sweeps/calibration-moe.py: a refit of the five engine values over all of them
     keeps these). Moving any engine value by 10 % over all the runs, or a jitter value by 10 %
     over the runs that measured tails, finds nothing better by more than 3 % of the cost. The cost
     is rough and flat along ridges, so the values are one point of a valley, not a unique minimum
@@ -79,7 +79,8 @@ def test_the_shipped_calibration_is_the_fit_of_the_open_data(root):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", Approximation)
         dense = _Runs(read([folder / "vllm-0.15-h100.csv"], fastsim.load_config(folder / "vllm-0.15-h100.yaml")))
-        every = _Runs(dense.runs + [run for stem in ("inferencex-gpt-oss-120b-h100", "inferencex-minimax-m2.5-b200")
+        every = _Runs(dense.runs + [run for stem in ("inferencex-gpt-oss-120b-h100", "inferencex-minimax-m2.5-b200",
+                                                     "inferencex-minimax-m2.5-b200-dp")
                                     for run in read([folder / f"{stem}.csv"], fastsim.load_config(folder / f"{stem}.yaml"))])
     for sims, names in ((every, engine), (dense, JITTER)):
         here = _cost(sims.residuals(values))
