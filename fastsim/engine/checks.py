@@ -76,19 +76,8 @@ def _engine_runs(config: Config, output_max: int, prefill: bool = False) -> None
                   else "the model (model.kv_heads)")
             raise ConfigError(f"{key('engine.tp')} ({e.tp}) must divide the {m.kv_heads} KV heads of {of}, or be a "
                               f"multiple of them (each GPU then holds a copy of one)")
-        missing = [k for k, v in ((key("hardware.link_gb_s"), hw.link_gb_s), ("model.n_layers", m.n_layers),
-                                  ("model.hidden", m.hidden)) if v is None]
-        if missing:
-            raise ConfigError(f"{key('engine.tp')} ({e.tp}) > 1 needs {' and '.join(missing)} for the all-reduce cost")
-        g = hw.scaleup_gpus
-        if g is not None and e.tp > g:
-            if e.tp % g:
-                raise ConfigError(f"{key('engine.tp')} ({e.tp}) spans scale-up domains of {key('hardware.scaleup_gpus')} "
-                                  f"({g}) GPUs unevenly: give a multiple of {g}, or at most {g}")
-            if hw.scaleout_gb_s is None:
-                raise ConfigError(f"{key('engine.tp')} ({e.tp}) spans {e.tp // g} scale-up domains of "
-                                  f"{key('hardware.scaleup_gpus')} ({g}) GPUs, but {key('hardware.scaleout_gb_s')} is "
-                                  f"null (no network between them): set it, or a tp of at most {g}")
+        _collectives(config, f"{key('engine.tp')} ({e.tp}) > 1", "the all-reduce cost", key)
+        _spans(config, f"{key('engine.tp')} ({e.tp})", e.tp, "a tp", key)
     if e.dp > 1 and not prefill:
         _data_parallel(config)
     _steps_are_finite(config, w.prompt.largest + output_max if w.trace is None else 1, key)
@@ -103,12 +92,38 @@ def _engine_runs(config: Config, output_max: int, prefill: bool = False) -> None
         longest_fits(config, w.prompt.largest, output_max, f"{pool}workload.prompt {w.prompt.largest} + output")
 
 
+def _collectives(config: Config, what: str, cost: str, key: Callable[[str], str] = str) -> None:
+    """Refuse ``what`` (a layout whose GPUs exchange activations) without what ``cost`` is made
+    of: the link's bandwidth, the layers and the hidden size (``key``: a key's name as the user
+    gave it)."""
+    hw, m = config.hardware, config.model
+    missing = [k for k, v in ((key("hardware.link_gb_s"), hw.link_gb_s), ("model.n_layers", m.n_layers),
+                              ("model.hidden", m.hidden)) if v is None]
+    if missing:
+        raise ConfigError(f"{what} needs {' and '.join(missing)} for {cost}")
+
+
+def _spans(config: Config, what: str, gpus: int, fewer: str, key: Callable[[str], str] = str) -> None:
+    """Refuse ``what``, a group of ``gpus`` GPUs, beyond one scale-up domain unless it fills whole
+    domains joined by a network (``fewer``: what the user may give instead, at most one domain)."""
+    hw, g = config.hardware, config.hardware.scaleup_gpus
+    if g is None or gpus <= g:
+        return
+    if gpus % g:
+        raise ConfigError(f"{what} spans scale-up domains of {key('hardware.scaleup_gpus')} ({g}) GPUs unevenly: "
+                          f"give a multiple of {g}, or at most {g}")
+    if hw.scaleout_gb_s is None:
+        raise ConfigError(f"{what} spans {gpus // g} scale-up domains of {key('hardware.scaleup_gpus')} ({g}) GPUs, "
+                          f"but {key('hardware.scaleout_gb_s')} is null (no network between them): set it, or "
+                          f"{fewer} of at most {g}")
+
+
 def _data_parallel(config: Config) -> None:
     """What attention data parallelism (``engine.dp`` > 1) needs: a mixture of experts served
     with expert parallelism by continuous batching, the exchange's link, one replica's dp x tp
     GPUs within a scale-up domain or spanning whole ones over a network, and a fleet it is
     modelled in (colocated; a router among replicas that does not score their caches)."""
-    hw, m, e, f = config.hardware, config.model, config.engine, config.fleet
+    m, e, f = config.model, config.engine, config.fleet
     if not m.experts:
         raise ConfigError(f"engine.dp ({e.dp}) > 1 needs a mixture of experts (model.experts is 0): a dense "
                           f"model's copies are fleet.replicas")
@@ -117,19 +132,9 @@ def _data_parallel(config: Config) -> None:
                           f"with --enable-expert-parallel)")
     if e.policy != "continuous":
         raise ConfigError(f"engine.dp ({e.dp}) > 1 needs engine.policy continuous (got {e.policy})")
-    missing = [k for k, v in (("hardware.link_gb_s", hw.link_gb_s), ("model.n_layers", m.n_layers),
-                              ("model.hidden", m.hidden)) if v is None]
-    if missing:
-        raise ConfigError(f"engine.dp ({e.dp}) > 1 needs {' and '.join(missing)} for the experts' exchange")
-    g, group = hw.scaleup_gpus, e.dp * e.tp
-    if g is not None and group > g:
-        if group % g:
-            raise ConfigError(f"engine.dp x engine.tp ({e.dp} x {e.tp} = {group} GPUs) spans scale-up domains of "
-                              f"hardware.scaleup_gpus ({g}) GPUs unevenly: give a multiple of {g}, or at most {g}")
-        if hw.scaleout_gb_s is None:
-            raise ConfigError(f"engine.dp x engine.tp ({e.dp} x {e.tp} = {group} GPUs) spans {group // g} scale-up "
-                              f"domains of hardware.scaleup_gpus ({g}) GPUs, but hardware.scaleout_gb_s is null (no "
-                              f"network between them): set it, or at most {g} GPUs a replica")
+    _collectives(config, f"engine.dp ({e.dp}) > 1", "the experts' exchange")
+    group = e.dp * e.tp
+    _spans(config, f"engine.dp x engine.tp ({e.dp} x {e.tp} = {group} GPUs)", group, "dp x tp")
     if fleet.disaggregated(config):
         raise ConfigError(f"engine.dp ({e.dp}) > 1 with fleet.prefill_replicas is not modelled: data-parallel "
                           f"replicas serve colocated (set fleet.prefill_replicas to 0, or engine.dp to 1)")

@@ -139,14 +139,14 @@ def run(config: Config, traffic: Traffic, scratch: Scratch | None = None) -> Out
         len(traffic), np.int64)
     if path.fleet == "disaggregated":
         out = _disaggregated(config, plan, traffic, tree, path, draws, scratch)
-    elif path.shares or closed:
-        out = _shared(config, plan, traffic, tree, draws, scratch)
+    else:
+        if path.shares or closed:
+            out = _shared(config, plan, traffic, tree, draws, scratch)
+        elif f.replicas == 1 and plan.dp == 1:  # the single engine, to the bit
+            out = run_engine(plan, arrival, prompt, output, scratch)
+        else:  # replicas apart or a coupled pool (data-parallel ranks: always): the router decides
+            out = _pool(plan, path.loop, path.router, f.replicas, arrival, prompt, output, draws, scratch)
         out = dataclasses.replace(out, replica=None) if f.replicas == 1 else out  # one replica's, as always
-    elif f.replicas == 1 and plan.dp == 1:  # the single engine, to the bit
-        out = run_engine(plan, arrival, prompt, output, scratch)
-    else:  # replicas apart or a coupled pool (data-parallel ranks: always): the router decides
-        out = _pool(plan, path.loop, path.router, f.replicas, arrival, prompt, output, draws, scratch)
-        out = dataclasses.replace(out, replica=None) if f.replicas == 1 else out
     if path.fleet == "cached" and not path.shares and pools.prefix_cache(config):
         out = _no_hits(out)  # a cache over requests that share nothing (the plan's REHIT counts re-admissions)
     stalls.apply(config, out.arrivals(arrival), out.first_token_s, out.done_s, out.replica, out.prefill_replica)
