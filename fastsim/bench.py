@@ -98,6 +98,8 @@ MOE = ("moe (qwen3-30b-a3b)", {"model.preset": "qwen3-30b-a3b"}, 24.0)
 # The same on four H100s as four attention data-parallel ranks, the experts over all four, at four times the load.
 MOE_DP = ("moe, dp 4 (qwen3-30b-a3b)", {"model.preset": "qwen3-30b-a3b", "engine.dp": 4,
                                         "engine.expert_parallel": True}, 96.0)
+# A hybrid-attention model on one H100: gpt-oss-120b, half its layers a 128-token sliding window.
+HYBRID = ("hybrid KV (gpt-oss-120b)", {"model.preset": "gpt-oss-120b"}, 8.0)
 # Fleets of it: 8 GPUs at 12 requests/s each, as 8 replicas behind two routers or as 2 prefill + 6 decode.
 # Chat sessions with vLLM's prefix cache on the same engine and workload: 8 system prompts of 500
 # tokens, sessions of 2-10 turns (each re-sending the conversation and a new 1,000-token message),
@@ -184,7 +186,7 @@ def bench(
     for rate in serving_rates:
         config = Config().with_values({**SERVING, "workload.rate": rate, "workload.n_requests": n_requests})
         _case("serving (h100)", config, repeats, n_requests, rows, cache)
-    for model, values, rate in (MOE, MOE_DP, SESSIONS, CLOSED):
+    for model, values, rate in (MOE, MOE_DP, HYBRID, SESSIONS, CLOSED):
         _case(model, Config().with_values({**SERVING, **values, "workload.rate": rate,
                                            "workload.n_requests": n_requests}), repeats, n_requests, rows, cache)
     if fleets:

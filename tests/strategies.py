@@ -35,6 +35,57 @@ def dirty_scratch() -> Scratch:
     return scratch
 
 
+def hybrid(c: Config, kv_gpu: float, tp: int) -> tuple[int, int, int, float, float]:
+    """A hybrid-attention model's KV, the docs' rules written out again: (blocks a running request
+    holds beyond its tokens', full-attention layers, layers one block spans, bytes one GPU reads
+    per sampled row beyond the full layers' KV, query-key pairs per computed token over the
+    local layers). ``kv_gpu``: every layer's KV of one token on one GPU; ``tp`` GPUs."""
+    m, bt = c.model, c.engine.block_tokens
+    n = m.n_layers or 0
+    local, linear = m.window_layers, m.linear_layers
+    if not (local or linear):
+        return 0, n, n, 0.0, 0.0
+    full = n - local - linear
+    kinds = [x for x in (full, local, linear) if x]
+    size = max(kinds) if max(kinds) < 1.5 * min(kinds) else min(kinds)  # layers per group
+
+    def groups(layers):
+        return -(-layers // size)
+    layer = kv_gpu / n
+    chunked = m.window_kind == "chunked"
+    held = 0
+    if local:  # a window group: the window's tokens before the newest and the newest's block; a chunk's blocks
+        held += groups(local) * (-(-m.window_tokens // bt) if chunked else -(-(m.window_tokens - 1) // bt) + 1)
+    if linear:  # a state in whole blocks of one layer's KV
+        held += groups(linear) * math.ceil(m.linear_state_bytes / tp / (layer * bt))
+    reach = m.window_tokens / 2 if chunked else float(m.window_tokens or 0)
+    row = local * reach * layer + 2 * linear * m.linear_state_bytes / tp
+    return -(-held // groups(full)), full, size * groups(full), row, local * reach
+
+
+def kv_per_gpu(c: Config, tp: int) -> float:
+    """KV bytes of one token one GPU of ``tp`` holds: the KV heads split over the tp GPUs, each
+    GPU holding ceil(kv_heads / tp) of them (replicated when tp exceeds them); MLA's latent whole
+    on every GPU; without kv_heads, an even split."""
+    m = c.model
+    if m.kv_lora_rank:
+        return m.kv_bytes_per_token
+    return (m.kv_bytes_per_token * math.ceil(m.kv_heads / tp) / m.kv_heads if m.kv_heads is not None
+            else m.kv_bytes_per_token / tp)
+
+
+def sized(c: Config, tokens: int) -> Config:
+    """``c`` with a KV cache (``engine.kv_cache_gb``) of just enough blocks for a request of
+    ``tokens`` tokens, and those a hybrid-attention model's request holds beyond them."""
+    m, e = c.model, c.engine
+    kv_gpu = kv_per_gpu(c, e.tp)
+    fixed, _, page, _, _ = hybrid(c, kv_gpu, e.tp)
+    n = m.n_layers or 1
+    blocks = -(-tokens // e.block_tokens) + fixed
+    return c.with_values({"engine.kv_cache_gb": blocks * e.block_tokens * e.tp * kv_gpu * (page / n if fixed else 1)
+                          / 1e9 * (1 + 1e-12)})
+
+
 def oracle_engine(c: Config, prefill: bool = False) -> oracle_serving.Engine:
     """The oracle's engine, with the docs' formulas written out again (not fastsim's). With
     ``prefill``, a prefill replica's: ``fleet.prefill_hardware`` (a preset), ``prefill_tp`` and
@@ -48,12 +99,8 @@ def oracle_engine(c: Config, prefill: bool = False) -> oracle_serving.Engine:
                                  "max_batched_tokens": f.prefill_max_batched_tokens or e.max_batched_tokens})
     overhead = (cal.step_overhead_ms / 1e3 + (cal.layer_overhead_us * 1e-6 * m.n_layers if m.n_layers else 0.0)
                 + cal.moe_layer_overhead_us * 1e-6 * m.moe_layers)
-    # KV heads split over the tp GPUs, each GPU holding ceil(kv_heads / tp) of them (replicated when
-    # tp exceeds them), and its memory holding whole tokens; MLA's latent whole on every GPU; without
-    # kv_heads, an even split of the group's memory
     mla = m.kv_lora_rank > 0
-    kv_gpu = (m.kv_bytes_per_token if mla else m.kv_bytes_per_token * math.ceil(m.kv_heads / e.tp) / m.kv_heads
-              if m.kv_heads is not None else m.kv_bytes_per_token / e.tp)
+    kv_gpu = kv_per_gpu(c, e.tp)  # and its memory holding whole tokens
     peak = {"bf16": hw.peak_tflops, "fp8": hw.peak_tflops_fp8, "fp4": hw.peak_tflops_fp4, "mxfp4": hw.peak_tflops_fp4,
             "int4": None}[m.dtype] or hw.peak_tflops  # (int4 is weight-only: the bf16 peak)
     free = hw.peak_tflops is None or m.params_b is None
@@ -85,22 +132,26 @@ def oracle_engine(c: Config, prefill: bool = False) -> oracle_serving.Engine:
         else:
             comm_fixed = 2 * m.n_layers * hw.link_latency_us * 1e-6
             comm_token = 2 * m.n_layers * all_reduce
+    fixed, full, page, row, window_pairs = hybrid(c, kv_gpu, e.tp)
+    hybrid_model = bool(m.window_layers or m.linear_layers)
+    share, read_share = (page / m.n_layers, full / m.n_layers) if hybrid_model else (1, 1)
     cost = oracle_serving.StepCost(
         overhead_s=overhead, weight_bytes=m.weight_gb * 1e9,
         expert_bytes=m.moe_layers * m.experts * m.expert_gb * 1e9 if m.experts else 0.0,
-        k_over_e=m.experts_per_token / m.experts if m.experts else 0.0, kv_gpu=kv_gpu, tp=e.tp,
+        k_over_e=m.experts_per_token / m.experts if m.experts else 0.0, kv_gpu=kv_gpu * read_share, tp=e.tp,
         gpu_bytes_s=hw.mem_bandwidth_tb_s * 1e12 * cal.bandwidth_efficiency,
         params_b=None if free else m.params_b,
         dtype_flops=None if free else peak * 1e12 * cal.compute_efficiency,
         bf16_flops=None if free else hw.peak_tflops * 1e12 * cal.compute_efficiency,
-        n_layers=m.n_layers or 0, attn_dim=m.attn_dim or 0, hidden=m.hidden or 0, vocab=m.vocab,
-        comm_fixed_s=comm_fixed, comm_s_per_token=comm_token)
+        n_layers=full, attn_dim=m.attn_dim or 0, hidden=m.hidden or 0, vocab=m.vocab,
+        comm_fixed_s=comm_fixed, comm_s_per_token=comm_token, row_gpu=row, window_pairs=window_pairs)
     gb = e.kv_cache_gb if e.kv_cache_gb is not None else (
         None if hw.mem_gb is None else e.tp * (hw.mem_gb * e.gpu_memory_utilization - e.reserved_gb) - m.weight_gb)
-    blocks = None if gb is None else math.floor(gb * 1e9 / (e.block_tokens * m.kv_bytes_per_token))
+    # (a hybrid model's blocks span its full-attention groups' layers: ``share`` of every layer's KV)
+    blocks = None if gb is None else math.floor(gb * 1e9 / (e.block_tokens * m.kv_bytes_per_token * share))
     if (m.kv_heads is not None or mla) and gb is not None:  # heads known: tokens one GPU holds, then whole blocks
-        tokens = e.kv_cache_gb * 1e9 / (e.tp * kv_gpu) if e.kv_cache_gb is not None else (
-            (hw.mem_gb * e.gpu_memory_utilization - e.reserved_gb - m.weight_gb / e.tp) * 1e9 / kv_gpu)
+        tokens = e.kv_cache_gb * 1e9 / (e.tp * kv_gpu * share) if e.kv_cache_gb is not None else (
+            (hw.mem_gb * e.gpu_memory_utilization - e.reserved_gb - m.weight_gb / e.tp) * 1e9 / (kv_gpu * share))
         blocks = math.floor(math.floor(tokens) / e.block_tokens)
     return oracle_serving.Engine(
         policy=e.policy, limit=e.limit, window_s=e.window_ms / 1000 if e.policy == "dynamic" else math.inf,
@@ -109,6 +160,7 @@ def oracle_engine(c: Config, prefill: bool = False) -> oracle_serving.Engine:
         prefix_blocks=0 if f.prefill_replicas and not prefill else w.prefix_tokens // e.block_tokens,
         max_output=1 if prefill else (w.output.value if w.output.dist == "fixed" else w.output.max), cost=cost,
         api_s=cal.api_overhead_ms / 1000, lookahead=e.async_scheduling and e.policy == "continuous",
+        fixed_blocks=fixed if blocks is not None else 0,
     )
 
 
@@ -179,16 +231,21 @@ def serving_configs(draw) -> Config:
     limit = max_batch if v["engine.max_concurrent"] is None else min(max_batch, v["engine.max_concurrent"])
     if draw(st.booleans()):
         v["engine.max_batched_tokens"] = draw(st.integers(limit, 400))
-    if draw(st.integers(0, 9)) < 7:  # a KV cache from just enough for the longest request to 3x
-        tokens = draw(st.integers(prompt + o_max, 3 * (prompt + o_max)))
-        tp, heads = v["engine.tp"], v["model.kv_heads"]
-        spread = tp * math.ceil(heads / tp) / heads if heads and tp > heads else 1  # replicated KV takes more
-        spread = tp if v["model.kv_lora_rank"] else spread  # MLA: the whole latent on every GPU
-        v["engine.kv_cache_gb"] = math.ceil(tokens / bt) * bt * 131072 * spread / 1e9 * (1 + 1e-12)
+    if draw(st.integers(0, 3)) == 0:  # hybrid attention: local (sliding or chunked) or linear-attention layers
+        kind = draw(st.sampled_from(["sliding", "chunked", "linear"]))
+        if kind == "linear":
+            v.update({"model.linear_layers": draw(st.integers(1, 31)),
+                      "model.linear_state_bytes": draw(st.sampled_from([1e4, 1e5, 3e6]))})
+        else:
+            v.update({"model.window_layers": draw(st.integers(1, 31)), "model.window_tokens": draw(st.integers(1, 64)),
+                      "model.window_kind": kind})
     if draw(st.booleans()):
         shortest = v.get("workload.prompt.min", prompt) if v.get("workload.prompt.dist", "fixed") != "fixed" else prompt
         v["workload.prefix_tokens"] = draw(st.integers(0, max(0, shortest - 1)))
-    return Config().with_values(v)
+    config = Config().with_values(v)
+    if draw(st.integers(0, 9)) < 7:  # a KV cache from just enough for the longest request to 3x
+        config = sized(config, draw(st.integers(prompt + o_max, 3 * (prompt + o_max))))
+    return config
 
 
 
@@ -212,8 +269,8 @@ def fleet_configs(draw) -> Config:
             v.update({"workload.prompt.dist": "fixed", "workload.prompt.value": prompt, "workload.prefix_tokens": 0,
                       "workload.output.dist": "fixed", "workload.output.value": output, "workload.output.max": output,
                       "engine.kv_alloc": "paged", "workload.rate": 3000.0, "engine.max_batch": draw(st.integers(2, 8)),
-                      "engine.max_concurrent": None, "engine.max_batched_tokens": None,
-                      "engine.kv_cache_gb": math.ceil(tokens / bt) * bt * 131072 / 1e9 * (1 + 1e-12)})
+                      "engine.max_concurrent": None, "engine.max_batched_tokens": None})
+            base = sized(base.with_values(v), tokens)
     if continuous and draw(st.booleans()):
         v["fleet.prefill_replicas"] = draw(st.integers(1, 3))
         v["fleet.prefill_tp"] = draw(st.sampled_from([None, 1, 2]))
@@ -228,12 +285,16 @@ def fleet_configs(draw) -> Config:
 def fleet_oracle(config: Config, traffic, routes=None, prefill_routes=None) -> dict:
     """The fleet oracle on ``traffic``, its engines built from ``config`` (the random router's
     draws come with the traffic: they are the simulator's input, like arrivals)."""
-    f = config.fleet
+    f, m = config.fleet, config.model
+    layer = m.kv_bytes_per_token / m.n_layers if m.n_layers else 0.0
+    full = m.n_layers - m.window_layers - m.linear_layers if m.n_layers else 0
     fleet = oracle_fleet.Fleet(
         replicas=f.replicas, router=f.router, prefill_replicas=f.prefill_replicas,
         prefill=oracle_engine(config, prefill=True) if f.prefill_replicas else None,
         link_latency_s=f.kv_link_latency_ms * 1e-3, link_bytes_per_s=f.kv_link_gb_s * 1e9,
-        kv_bytes_per_token=config.model.kv_bytes_per_token)
+        kv_bytes_per_token=layer * full if m.n_layers else m.kv_bytes_per_token,
+        window_bytes_per_token=layer * m.window_layers, window_tokens=m.window_tokens or 0,
+        state_bytes=m.linear_layers * m.linear_state_bytes)
     return oracle_fleet.simulate_fleet(traffic.arrival_s.tolist(), traffic.prompt_tokens.tolist(),
                                        traffic.output_tokens.tolist(), oracle_engine(config), fleet,
                                        None if routes is None else routes.tolist(),
@@ -278,6 +339,8 @@ def dp_oracle(c: Config) -> tuple[oracle_serving.Engine, "oracle_dp.RankCost"]:
     rank_gb = m.weight_gb - routed + routed / e.dp
     engine = oracle_engine(c)
     base = engine.cost
+    _, _, page, _, _ = hybrid(c, kv_per_gpu(c, e.tp), e.tp)
+    share = page / m.n_layers if m.window_layers or m.linear_layers else 1  # a block's layers (hybrid attention)
     token = m.hidden * 2
     comm_fixed = comm_token = 0.0
     reduces = 2 * m.n_layers - m.moe_layers
@@ -304,12 +367,14 @@ def dp_oracle(c: Config) -> tuple[oracle_serving.Engine, "oracle_dp.RankCost"]:
         k_over_e=m.experts_per_token / m.experts, kv_gpu=base.kv_gpu, tp=e.tp, dp=e.dp, gpu_bytes_s=base.gpu_bytes_s,
         params_b=base.params_b, expert_params_b=m.moe_layers * m.experts_per_token * m.expert_gb / bytes_per,
         dtype_flops=base.dtype_flops, bf16_flops=base.bf16_flops, n_layers=base.n_layers, attn_dim=base.attn_dim,
-        hidden=base.hidden, vocab=base.vocab, comm_fixed_s=comm_fixed, comm_s_per_token=comm_token)
+        hidden=base.hidden, vocab=base.vocab, comm_fixed_s=comm_fixed, comm_s_per_token=comm_token,
+        row_gpu=base.row_gpu, window_pairs=base.window_pairs)
     if e.kv_cache_gb is None and hw.mem_gb is not None:  # the rank's memory after its weights
         gb = e.tp * (hw.mem_gb * e.gpu_memory_utilization - e.reserved_gb) - rank_gb
-        blocks = math.floor(gb * 1e9 / (e.block_tokens * m.kv_bytes_per_token))
+        blocks = math.floor(gb * 1e9 / (e.block_tokens * m.kv_bytes_per_token * share))
         if m.kv_heads is not None or m.kv_lora_rank:
-            tokens = (hw.mem_gb * e.gpu_memory_utilization - e.reserved_gb - rank_gb / e.tp) * 1e9 / base.kv_gpu
+            tokens = ((hw.mem_gb * e.gpu_memory_utilization - e.reserved_gb - rank_gb / e.tp) * 1e9
+                      / (kv_per_gpu(c, e.tp) * share))
             blocks = math.floor(math.floor(tokens) / e.block_tokens)
         engine = dataclasses.replace(engine, blocks=blocks)
     return dataclasses.replace(engine, cost=None), cost

@@ -266,6 +266,22 @@ for id, args, names in [
     ("kv-per-rank", ["--set", "engine.dp=2", "--set", "engine.kv_cache_gb=0.001"], "KV cache"),
 ]:
     case(f"dp-{id}", ["run", H100, *DP, *args], names)
+# hybrid attention: local and linear-attention layers that do not add up, or hold nothing
+for id, args, names in [
+    ("no-window", ["--set", "model.window_layers=16"], "model.window_tokens"),
+    ("window-zero", ["--set", "model.window_layers=16", "--set", "model.window_tokens=0"], "model.window_tokens"),
+    ("every-layer", ["--set", "model.window_layers=16", "--set", "model.linear_layers=16", "--set",
+                     "model.window_tokens=128"], "model.window_layers"),
+    ("no-state", ["--set", "model.linear_layers=8"], "model.linear_state_bytes"),
+    ("negative-state", ["--set", "model.linear_state_bytes=-1"], "model.linear_state_bytes"),
+    ("kind", ["--set", "model.window_kind=diagonal"], "model.window_kind"),
+    ("no-layers", ["--set", "model.n_layers=null", "--set", "model.window_layers=4", "--set",
+                   "model.window_tokens=128"], "model.n_layers"),
+    ("shared-content", ["--set", "model.preset=gpt-oss-20b", "--set", "workload.prefix_tokens=100"],
+     "model.window_layers"),
+]:
+    case(f"hybrid-{id}", ["run", H100, "--set", "model.preset=null", "--set", "model.n_layers=32", *args, *SMALL]
+         if id not in ("shared-content",) else ["run", H100, *args, *SMALL], names)
 
 # --- config files
 for name in ["binary.yaml", "utf16.yaml", "latin1.yaml", "extends_utf16.yaml", "extends_binary.yaml",

@@ -18,7 +18,7 @@ from typing import Callable
 import numpy as np
 
 from ..model import fleet
-from ..model.cost import COEFFICIENT_KEYS, UNPICKED, coefficients, kv_blocks, kv_capacity_gb
+from ..model.cost import COEFFICIENT_KEYS, UNPICKED, coefficients, fixed_blocks, kv_blocks, kv_capacity_gb
 from ..model.routers import ROUTERS
 from ..model.schema import Config, ConfigError
 from . import trace
@@ -152,7 +152,7 @@ def _steps_are_finite(config: Config, tokens: int, key: Callable[[str], str]) ->
     k = coefficients(config)
     k[UNPICKED] = 0.0  # a log-share, not a time (-inf when every expert is picked)
     with np.errstate(over="ignore", invalid="ignore"):
-        terms = k * np.array([1, 1, tokens, tokens, float(tokens) ** 2, 1, tokens, tokens, 0, 0, tokens, 0])
+        terms = k * np.array([1, 1, tokens, tokens, float(tokens) ** 2, 1, tokens, tokens, 0, 0, tokens, 0, 1])
     worst = int(np.argmax(np.where(np.isfinite(terms), terms, np.inf)))
     if not terms[worst] <= YEAR_S:
         names = ", ".join(key(n) for n in COEFFICIENT_KEYS[worst].split(", "))
@@ -198,6 +198,16 @@ def _prefix_cache(config: Config) -> None:
                           f"(the shortest workload.prompt is {w.prompt.smallest})")
     if f.router == "prefix_aware" and not e.prefix_caching:
         raise ConfigError("fleet.router: prefix_aware needs engine.prefix_caching: true (it routes by cached blocks)")
+    m = config.model
+    shares = (w.sessions is not None or sp is not None
+              or fleet.prefix_cache(config) and (bool(w.prefix_tokens) or w.trace is not None))
+    if (m.window_layers or m.linear_layers) and cached and shares:
+        kinds = " and ".join(k for k, n in (("model.window_layers", m.window_layers),
+                                            ("model.linear_layers", m.linear_layers)) if n)
+        raise ConfigError(f"{kinds}: a hybrid-attention model under a prefix cache over shared content (system "
+                          "prompts, sessions, a trace's or a shared prefix) is not modelled: set "
+                          "engine.prefix_caching=false, or model.window_layers=0 and model.linear_layers=0 to take "
+                          "it as full attention")
 
 
 def traffic_fits(config: Config, traffic) -> None:
@@ -239,10 +249,11 @@ def longest_fits(config: Config, prompt: int, output: int, what: str) -> None:
     """Refuse a workload whose longest request (``prompt`` + ``output`` tokens, described by
     ``what``) cannot fit in the KV cache: it could never finish."""
     e = config.engine
-    blocks = kv_blocks(config)
-    if blocks is not None and prompt + output > blocks * e.block_tokens:
+    blocks, fixed = kv_blocks(config), fixed_blocks(config)
+    if blocks is not None and -(-(prompt + output) // e.block_tokens) + fixed > blocks:
+        held = f", and {fixed} blocks a request holds for its local or linear-attention layers" if fixed else ""
         raise ConfigError(
-            f"workload: the longest request ({what} {output} = {prompt + output} tokens) does not fit in "
+            f"workload: the longest request ({what} {output} = {prompt + output} tokens{held}) does not fit in "
             f"the KV cache ({blocks} blocks of engine.block_tokens {e.block_tokens} = {blocks * e.block_tokens} "
             f"tokens: {_capacity(config)} at model.kv_bytes_per_token {config.model.kv_bytes_per_token:g})"
         )

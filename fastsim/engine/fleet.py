@@ -104,12 +104,13 @@ def _served_pool(p: Plan, name: str, replicas: int, arrival: np.ndarray, prompt:
     replica = np.empty(n, np.int64)
     scratch = Scratch() if scratch is None else scratch
     k = frozen(p.k)
-    pools = Pool(0, k, p.budget, blocks, np.inf), Pool(replicas * p.dp, k, p.budget, blocks, np.inf)
+    pools = (Pool(0, k, p.budget, blocks, np.inf, p.fixed_blocks),
+             Pool(replicas * p.dp, k, p.budget, blocks, np.inf, p.fixed_blocks))
     rules = Rules(p.limit, p.block_tokens, p.prefix_blocks, p.kv_mode == RESERVE, p.max_output, p.lookahead, 0.0)
     routing = routing_of(how.code, draws.astype(np.int64), 1.0, NO_TIMES, NO_TIMES, NO_ROUTES, token_1, dp=p.dp)
     counters, runs, gaps = with_room(n, scratch, False, lambda runs, gaps: _counters(serve(
-        arrival, prompt, output, *pools, rules, routing, Counters(p.kv_mode, p.max_output), NO_CACHE, first, done,
-        replica, NO_ROUTES, runs, gaps, scratch.work(WORK_ROWS, n)))[1])
+        arrival, prompt, output, *pools, rules, routing, Counters(p.kv_mode, p.max_output, p.fixed_blocks), NO_CACHE,
+        first, done, replica, NO_ROUTES, runs, gaps, scratch.work(WORK_ROWS, n)))[1])
     return outcome(p, first, done, counters, runs, gaps, replica.astype(np.int32))
 
 
@@ -201,8 +202,8 @@ def _shared(config: Config, p: Plan, traffic: Traffic, tree: tuple | None, draws
     routing = routing_of(code, (pre_draws if npre else draws).astype(np.int64), f.prefix_weight, think, link_s,
                          draws.astype(np.int64), NO_TIMES, prefill=npre > 0, clients=c.clients,
                          next_start=c.next_start, dp=p.dp)
-    pre = Pool(npre, frozen(pre_plan.k), pre_plan.budget, pre_plan.blocks, pre_slack)
-    dec = Pool(f.replicas * p.dp, frozen(p.k), p.budget, p.blocks, dec_slack)
+    pre = Pool(npre, frozen(pre_plan.k), pre_plan.budget, pre_plan.blocks, pre_slack, pre_plan.fixed_blocks)
+    dec = Pool(f.replicas * p.dp, frozen(p.k), p.budget, p.blocks, dec_slack, p.fixed_blocks)
     scratch = Scratch() if scratch is None else scratch
     first, done = np.empty(n), np.empty(n)
     replica, pre_replica = np.full(n, -1, np.int64), np.full(n, -1, np.int64)
@@ -212,7 +213,8 @@ def _shared(config: Config, p: Plan, traffic: Traffic, tree: tuple | None, draws
     def call(runs: np.ndarray, gaps: np.ndarray, tree: tuple | None) -> tuple:
         arrived = traffic.arrival_s.copy()
         if not held:
-            kv, cache = Counters(p.kv_mode if caching else PAGED, p.max_output), NO_CACHE
+            kv, cache = Counters(p.kv_mode if caching else PAGED, p.max_output,
+                                 pre_plan.fixed_blocks if npre else p.fixed_blocks), NO_CACHE
         elif tree is not None:
             parent, group, tokens = tree
             gend = tokens // bt

@@ -1,6 +1,7 @@
 """The KV link of each prefill replica: finished prompts cross it to the decode pool first come
 first served (ties: lower index); a transfer starts at max(prefill end, link free) and takes
-``fleet.kv_link_latency_ms`` 1e-3 + prompt x ``model.kv_bytes_per_token`` / (``fleet.kv_link_gb_s``
+``fleet.kv_link_latency_ms`` 1e-3 + the prompt's KV (prompt x ``model.kv_bytes_per_token``; a
+hybrid-attention model's held KV: :func:`fastsim.model.cost.prompt_kv_bytes`) / (``fleet.kv_link_gb_s``
 1e9) seconds (docs/model/fleets.md)."""
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._jit import jit
+from ..model.cost import prompt_kv_bytes
 from ..model.schema import Config
 
 
@@ -25,7 +27,7 @@ def _first_come_first_served(ended, duration):
 def transfer_s(config: Config, prompt: np.ndarray) -> np.ndarray:
     """Each prompt's transfer time over a link (s)."""
     f = config.fleet
-    return f.kv_link_latency_ms * 1e-3 + prompt * config.model.kv_bytes_per_token / (f.kv_link_gb_s * 1e9)
+    return f.kv_link_latency_ms * 1e-3 + prompt_kv_bytes(config, prompt) / (f.kv_link_gb_s * 1e9)
 
 
 def kv_arrivals(config: Config, ended: np.ndarray, prompt: np.ndarray, sent: np.ndarray,

@@ -4,7 +4,7 @@ Step time over the rows a step schedules (row i has ``c_i`` tokens computed befo
 gets ``n_i`` more): N = sum n_i tokens computed, C = sum (c_i + n_i) KV tokens read,
 A = sum n_i (2 c_i + n_i + 1) / 2 query-key pairs of attention, S the rows that emit a token, and
 
-    step = overhead + max(t_weights - t_experts q^N + t_kv C,  t_token N + t_pair A + t_sample S)
+    step = overhead + max(t_weights - t_experts q^N + t_kv C + t_row S,  t_token N + t_pair A + t_sample S)
            + (t_link + t_link_token N)
 
 where the overhead is ``calibration.step_overhead_ms`` plus ``calibration.layer_overhead_us`` per
@@ -15,6 +15,11 @@ q^N = (1 - k/E)^N that no token of the step picks is not read) against compute (
 parameter per token at the dtype's peak, 4 attn_dim FLOPs per query-key pair per layer, and the
 LM head's 2 hidden vocab FLOPs per sampled row), plus two all-reduces per layer under tensor
 parallelism (expert parallelism: a MoE layer's second becomes a dispatch and a combine).
+
+A hybrid-attention model (:mod:`.kv_groups`) reads C and forms A in its full-attention layers
+only; each sampled row reads a window's KV in each local layer and its state (read and written)
+in each linear-attention layer (``t_row``), and each token computed forms a window's pairs in
+each local layer (in ``t_token``).
 
 With attention data parallelism (``engine.dp`` ranks of tp GPUs, experts over all dp x tp of
 them) the ranks step in lock-step: each rank's GPUs read their own dense weights, their share
@@ -35,13 +40,14 @@ import numpy as np
 
 from .._jit import inline
 from .fields import LARGEST, ConfigError
+from . import kv_groups
 from .hf_config import WEIGHT_BYTES
 from .schema import Config
 
 # Indices into the coefficient vector a kernel gets.
 (OVERHEAD, T_WEIGHTS, T_KV, T_TOKEN, T_PAIR, T_LINK, T_LINK_TOKEN, T_SAMPLE, T_EXPERTS,
- UNPICKED, T_EXPERT_TOKEN, RANKS) = range(12)
-N_COEFFICIENTS = 12
+ UNPICKED, T_EXPERT_TOKEN, RANKS, T_ROW) = range(13)
+N_COEFFICIENTS = 13
 LOW = (1 << 32) - 1  # a data-parallel step's record packs every rank's tokens above its sampled rows
 
 
@@ -72,11 +78,17 @@ def coefficients(config: Config) -> np.ndarray:
         k[UNPICKED] = math.log1p(-m.experts_per_token / m.experts) if m.experts_per_token < m.experts else -math.inf
     # each GPU reads the KV of the heads it holds (:func:`kv_bytes_per_gpu`)
     k[T_KV] = m.kv_bytes_per_token / bandwidth if not replicated(config) else kv_bytes_per_gpu(config) / (bandwidth / e.tp)
+    k[T_KV] *= _full_share(config)  # (1.0 but for a hybrid-attention model: its full-attention layers')
+    if m.window_layers or m.linear_layers:  # a sampled row's window of KV in each local layer, its state (read
+        # and written) in each linear one
+        k[T_ROW] = row_bytes_per_gpu(config) / (bandwidth / e.tp)
     if hw.peak_tflops is not None and m.params_b is not None:
         flops = hw.peak_tflops * 1e12 * cal.compute_efficiency * e.tp  # FLOP/s, all GPUs, bf16
         k[T_TOKEN] = 2e9 * m.params_b / (peak_tflops(config) * 1e12 * cal.compute_efficiency * e.tp)
         if m.n_layers is not None and m.attn_dim is not None:
-            k[T_PAIR] = 4 * m.n_layers * m.attn_dim / flops
+            k[T_PAIR] = 4 * (m.n_layers - m.window_layers - m.linear_layers) * m.attn_dim / flops
+            if m.window_layers:  # each token's pairs with a window in each local layer
+                k[T_TOKEN] += 4 * m.window_layers * m.attn_dim * kv_groups.reach(m.window_tokens, m.window_kind) / flops
         if m.vocab is not None:  # the LM head, where a token is sampled
             k[T_SAMPLE] = 2 * m.hidden * m.vocab / flops
     span = domains(config)
@@ -156,6 +168,7 @@ COEFFICIENT_KEYS = {
     UNPICKED: "model.experts_per_token, model.experts",
     T_EXPERT_TOKEN: "model.expert_gb, model.experts_per_token, hardware.peak_tflops",
     RANKS: "engine.dp",
+    T_ROW: "model.window_tokens, model.linear_state_bytes, hardware.mem_bandwidth_tb_s",
 }
 
 
@@ -172,7 +185,7 @@ def weights_time(k, n_tokens):
 def step_time_with(k, weights, n_tokens, kv_tokens, pairs, sampled):
     """:func:`step_time` given :func:`weights_time` (a loop over steps of one N computes it once:
     the power in every step of a bare loop cost a third of the kernel's time)."""
-    memory = weights + k[T_KV] * kv_tokens
+    memory = weights + k[T_KV] * kv_tokens + k[T_ROW] * sampled
     compute = k[T_TOKEN] * n_tokens + k[T_PAIR] * pairs + k[T_SAMPLE] * sampled
     return k[OVERHEAD] + max(memory, compute) + (k[T_LINK] + k[T_LINK_TOKEN] * n_tokens)
 
@@ -190,7 +203,7 @@ def rank_time(k, n_all, n_tokens, kv_tokens, pairs, sampled):
     roofline (its dense weights and share of the experts the ``n_all`` tokens of every rank pick,
     its KV; its own tokens through the dense layers, its share of all of them through the
     experts) and its exchange."""
-    memory = weights_time(k, n_all) + k[T_KV] * kv_tokens
+    memory = weights_time(k, n_all) + k[T_KV] * kv_tokens + k[T_ROW] * sampled
     compute = k[T_TOKEN] * n_tokens + k[T_EXPERT_TOKEN] * n_all + k[T_PAIR] * pairs + k[T_SAMPLE] * sampled
     return max(memory, compute) + (k[T_LINK] + k[T_LINK_TOKEN] * n_tokens)
 
@@ -220,7 +233,7 @@ def frozen(k: np.ndarray) -> tuple:
 @inline
 def frozen_in_loop(k):
     """:func:`frozen` in compiled code."""
-    return (k[0], k[1], k[2], k[3], k[4], k[5], k[6], k[7], k[8], k[9], k[10], k[11])
+    return (k[0], k[1], k[2], k[3], k[4], k[5], k[6], k[7], k[8], k[9], k[10], k[11], k[12])
 
 
 def is_lesson(config: Config, k: np.ndarray | None = None) -> bool:
@@ -228,7 +241,7 @@ def is_lesson(config: Config, k: np.ndarray | None = None) -> bool:
     ``k``: the config's coefficients, when already folded."""
     k = coefficients(config) if k is None else k
     return (
-        not k[[OVERHEAD, T_TOKEN, T_PAIR, T_LINK, T_LINK_TOKEN, T_SAMPLE, T_EXPERTS]].any()
+        not k[[OVERHEAD, T_TOKEN, T_PAIR, T_LINK, T_LINK_TOKEN, T_SAMPLE, T_EXPERTS, T_ROW]].any()
         and kv_blocks(config) is None
         and config.engine.max_batched_tokens is None
         and config.workload.prefix_tokens == 0
@@ -290,15 +303,18 @@ def kv_capacity_gb(config: Config) -> float | None:
 
 
 def kv_blocks(config: Config) -> int | None:
-    """Blocks of ``engine.block_tokens`` tokens the KV cache holds; None: unlimited."""
+    """Blocks of ``engine.block_tokens`` tokens the KV cache holds; None: unlimited. A hybrid
+    model's blocks are its full-attention groups' (:func:`fastsim.model.kv_groups.page_layers`:
+    padded to whole groups)."""
     capacity = kv_capacity_gb(config)
-    per_block = config.engine.block_tokens * config.model.kv_bytes_per_token
+    pad = _padding(config)
+    per_block = config.engine.block_tokens * config.model.kv_bytes_per_token * pad
     if capacity is None or per_block == 0:
         return None
     blocks = capacity * 1e9 / per_block
     if config.model.kv_heads is not None or config.model.kv_lora_rank > 0:  # the tokens one GPU holds, whole blocks
         hw, m, e = config.hardware, config.model, config.engine
-        kv_gpu = kv_bytes_per_gpu(config)
+        kv_gpu = kv_bytes_per_gpu(config) * pad
         tokens = (e.kv_cache_gb * 1e9 / (e.tp * kv_gpu) if e.kv_cache_gb is not None else
                   (hw.mem_gb * e.gpu_memory_utilization - e.reserved_gb - rank_weight_gb(config) / e.tp) * 1e9
                   / kv_gpu)
@@ -315,3 +331,58 @@ def prefix_blocks(config: Config) -> int:
     """Blocks the shared prefix pins (whole blocks only: a warm prefix cache); none under prefix
     caching, where the prefix is a system prompt cached like any content."""
     return 0 if config.engine.prefix_caching else config.workload.prefix_tokens // config.engine.block_tokens
+
+
+def _full_share(config: Config) -> float:
+    """The share of ``model.kv_bytes_per_token`` (every layer's) the full-attention layers hold."""
+    m = config.model
+    if not (m.window_layers or m.linear_layers):
+        return 1.0
+    return (m.n_layers - m.window_layers - m.linear_layers) / m.n_layers
+
+
+def _padding(config: Config) -> float:
+    """The share of ``model.kv_bytes_per_token`` one block's tokens span: the full-attention
+    layers', with the padding of vLLM's groups (1 for a model without local or linear layers)."""
+    m = config.model
+    if not (m.window_layers or m.linear_layers):
+        return 1.0
+    return kv_groups.page_layers(m.n_layers, m.window_layers, m.linear_layers) / m.n_layers
+
+
+def _layer_bytes_per_gpu(config: Config) -> float:
+    """One layer's KV of one token on one GPU."""
+    return kv_bytes_per_gpu(config) / config.model.n_layers
+
+
+def row_bytes_per_gpu(config: Config) -> float:
+    """Bytes one GPU reads for a sampled row beyond its full-attention KV: a window of KV in each
+    local layer (:func:`fastsim.model.kv_groups.reach`), and in each linear-attention layer its
+    share of the request's state, read and written."""
+    m, tp = config.model, config.engine.tp
+    window = (m.window_layers * kv_groups.reach(m.window_tokens, m.window_kind) * _layer_bytes_per_gpu(config)
+              if m.window_layers else 0.0)
+    return window + 2 * m.linear_layers * m.linear_state_bytes / tp
+
+
+def fixed_blocks(config: Config) -> int:
+    """Blocks a running request of a hybrid-attention model holds beyond those its tokens fill
+    (:func:`fastsim.model.kv_groups.fixed_blocks`; 0 for any other model, or without KV bytes)."""
+    m, e = config.model, config.engine
+    if not (m.window_layers or m.linear_layers) or m.kv_bytes_per_token == 0:
+        return 0
+    return kv_groups.fixed_blocks(m.n_layers, m.window_layers, m.window_tokens or 0, m.window_kind, m.linear_layers,
+                                  m.linear_state_bytes / e.tp, _layer_bytes_per_gpu(config) * e.block_tokens,
+                                  e.block_tokens)
+
+
+def prompt_kv_bytes(config: Config, prompt: np.ndarray) -> np.ndarray:
+    """Bytes of KV a prompt leaves behind (what a prefill replica sends): ``prompt`` tokens x
+    ``model.kv_bytes_per_token``; a hybrid-attention model's full-attention layers' share of it,
+    the window's last tokens in each local layer and a state in each linear-attention layer."""
+    m = config.model
+    if not (m.window_layers or m.linear_layers):
+        return prompt * m.kv_bytes_per_token
+    layer = m.kv_bytes_per_token / m.n_layers
+    window = m.window_layers * layer * np.minimum(prompt, m.window_tokens) if m.window_layers else 0.0
+    return prompt * m.kv_bytes_per_token * _full_share(config) + window + m.linear_layers * m.linear_state_bytes

@@ -88,8 +88,9 @@ class Model(_Preset):
         "embeddings, norms, routers and the LM head stay bf16"))
     kv_dtype: Literal["bf16", "fp8"] = Field("bf16", **doc("the KV cache's values: bf16 (2 bytes) or fp8 (1)"))
     weight_gb: float = Field(15.008, ge=0, **Finite, **doc("weights, all of them at their dtypes", "GB"))
-    kv_bytes_per_token: float = Field(131072.0, ge=0, **Finite, **doc("KV cache of one token, all layers",
-                                                                       "bytes/token"))
+    kv_bytes_per_token: float = Field(131072.0, ge=0, **Finite, **doc(
+        "KV cache of one token, all layers (a hybrid-attention model's as if every layer held full attention's: "
+        "its local and linear-attention layers hold less, model.window_layers, model.linear_layers)", "bytes/token"))
     params_b: float | None = Field(None, gt=0, **Finite, **doc(
         "parameters each computed token multiplies through, without embeddings and LM head when model.vocab is "
         "set; a mixture of experts' active ones (null: compute is free)", "billions"))
@@ -113,6 +114,17 @@ class Model(_Preset):
     experts_per_token: Int = Field(0, ge=0, **doc("routed experts each token picks (k)", "experts"))
     moe_layers: Int = Field(0, ge=0, **doc("layers that route to experts (the others are dense)", "layers"))
     expert_gb: float = Field(0.0, ge=0, **Finite, **doc("one routed expert of one layer, at dtype", "GB"))
+    window_layers: Int = Field(0, ge=0, **doc(
+        "layers whose attention is local: a sliding window of model.window_tokens tokens, or chunks of them "
+        "(model.window_kind); each holds and reads at most a window of a request's KV, as vLLM's hybrid KV cache "
+        "manager (0: none)", "layers"))
+    window_tokens: Int | None = Field(None, ge=1, **doc("the local layers' window (or chunk)", "tokens"))
+    window_kind: Literal["sliding", "chunked"] = Field("sliding", **doc(
+        "sliding: a token attends to the window before it; chunked: to the tokens of its chunk before it"))
+    linear_layers: Int = Field(0, ge=0, **doc(
+        "linear-attention layers: a fixed state per running request in place of KV (0: none)", "layers"))
+    linear_state_bytes: float = Field(0.0, ge=0, **Finite, **doc(
+        "one request's state in one linear-attention layer, every head", "bytes"))
 
     @field_validator("config_json")
     @classmethod
@@ -150,5 +162,20 @@ class Model(_Preset):
             raise ValueError(f"the routed experts (model.moe_layers x model.experts x model.expert_gb = "
                              f"{self.moe_layers * self.experts * self.expert_gb:g} GB) exceed model.weight_gb "
                              f"({self.weight_gb:g})")
+        if self.window_layers or self.linear_layers:
+            self._check_hybrid()
         if self.vocab is not None and self.hidden is None:
             raise ValueError("model.vocab needs model.hidden (the LM head is hidden x vocab)")
+
+    def _check_hybrid(self) -> None:
+        """Local and linear-attention layers: counted within the layers, with what they hold."""
+        if self.n_layers is None:
+            raise ValueError("model.window_layers and model.linear_layers need model.n_layers")
+        if self.window_layers + self.linear_layers >= self.n_layers:
+            raise ValueError(f"model.window_layers ({self.window_layers}) + model.linear_layers ({self.linear_layers}) "
+                             f"must leave at least one full-attention layer of model.n_layers ({self.n_layers}); a "
+                             "model that is local everywhere is taken as full attention (set both to 0)")
+        if self.window_layers and self.window_tokens is None:
+            raise ValueError(f"model.window_layers ({self.window_layers}) needs model.window_tokens")
+        if self.linear_layers and self.linear_state_bytes <= 0:
+            raise ValueError(f"model.linear_layers ({self.linear_layers}) needs model.linear_state_bytes > 0")

@@ -57,6 +57,11 @@ class Shape:
     kv_dtype: str = "bf16"
     kept: int = 0  # of ``linear``, the weights the checkpoint leaves bf16 (its quantization's ignore list)
     index_head_dim: int = 0  # DeepSeek sparse attention: the indexer's key per token and layer (0: none)
+    window_layers: int = 0  # local attention (:mod:`.kv_groups`): layers, their window or chunk, which
+    window_tokens: int | None = None
+    window_kind: str = "sliding"
+    linear_layers: int = 0  # linear attention: layers, one request's state in one of them (bytes)
+    linear_state: int = 0
     notices: tuple[str, ...] = field(default=(), compare=False)  # what the import approximates
 
     @property
@@ -93,7 +98,14 @@ class Shape:
             else self.heads * self.head_dim,
             experts=self.experts, experts_per_token=self.experts_per_token, moe_layers=self.moe_layers,
             expert_gb=self.expert * WEIGHT_BYTES[dtype] / 1e9,
+            window_layers=self.window_layers, window_tokens=self.window_tokens, window_kind=self.window_kind,
+            linear_layers=self.linear_layers, linear_state_bytes=float(self.linear_state),
         )
+
+    @property
+    def full_layers(self) -> int:
+        """Layers with full attention (KV for every token)."""
+        return self.n_layers - self.window_layers - self.linear_layers
 
 
 class _Reader:
@@ -141,6 +153,37 @@ def _attention(r: _Reader) -> tuple[int, int, int, int, int]:
     if r.kind.startswith(HYBRID):  # an output gate per query head (in q_proj)
         linear += hidden * heads * hd
     return heads, kv, hd, linear, plain
+
+
+def _linear_state(r: _Reader) -> int:
+    """Bytes of one request's state in one Gated DeltaNet layer: its convolution's last kernel - 1
+    inputs (bf16) and its recurrent state, value heads x key x value dimensions (at the file's
+    ``mamba_ssm_dtype``, bf16 where it names none), as vLLM holds them."""
+    nk, dk = r.int("linear_num_key_heads"), r.int("linear_key_head_dim")
+    nv, dv = r.int("linear_num_value_heads"), r.int("linear_value_head_dim")
+    ssm = 4 if str(r.get("mamba_ssm_dtype", "")).lower() in ("float32", "fp32") else 2
+    return (2 * nk * dk + nv * dv) * (r.int("linear_conv_kernel_dim", 4) - 1) * 2 + nv * dk * dv * ssm
+
+
+def _local(r: _Reader, n: int) -> tuple[int, int | None, str]:
+    """(layers, window tokens, kind) of a model's local attention: sliding-window layers its
+    ``layer_types`` name (gpt-oss, Gemma) or its pattern gives (Gemma 3: all but every
+    ``sliding_window_pattern``-th; Gemma 2: every other), or Llama 4's chunked layers (those with
+    rotary embeddings: all but every fourth unless ``no_rope_layers`` lists them); none where
+    every layer is local (such a model is taken as full attention, with a notice)."""
+    types = r.get("layer_types")
+    window = r.get("sliding_window")
+    if isinstance(types, list) and len(types) == n and "sliding_attention" in types and window:
+        return types.count("sliding_attention"), r.int("sliding_window"), "sliding"
+    if r.kind.startswith("Gemma3") and window and r.get("sliding_window_pattern"):
+        return n - n // max(r.int("sliding_window_pattern"), 1), r.int("sliding_window"), "sliding"
+    if r.kind.startswith("Gemma2") and window:
+        return (n + 1) // 2, r.int("sliding_window"), "sliding"
+    if r.kind.startswith("Llama4") and r.get("attention_chunk_size"):
+        listed = r.get("no_rope_layers") or []
+        chunked = sum(1 for x in listed if x) if len(listed) == n else n - n // 4
+        return chunked, r.int("attention_chunk_size"), "chunked"
+    return 0, None, "sliding"
 
 
 def _linear_attention(r: _Reader) -> tuple[int, int]:
@@ -215,7 +258,7 @@ def _dense_mlp(r: _Reader) -> int:
     return 3 * r.int("hidden_size") * r.int(key)
 
 
-HYBRID = ("Qwen3Next", "Qwen3_5")  # linear attention in 3 layers of 4, imported as full attention
+HYBRID = ("Qwen3Next", "Qwen3_5")  # linear attention in 3 layers of 4 (Gated DeltaNet)
 DENSE = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "GemmaForCausalLM",
          "Gemma2ForCausalLM", "Gemma3ForCausalLM")
 MOE = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "DeepseekV2ForCausalLM",
@@ -274,23 +317,17 @@ def _left_bf16(ignored: tuple[str, ...]) -> tuple[bool, bool, bool, bool]:
             any(re.search(r"mlp\\?\.\(?(gate|up|down)[|_]", m) and "expert" not in m for m in ignored))
 
 
-def _notices(r: _Reader, name: str) -> tuple[str, ...]:
-    """What the import approximates: attention that is not full everywhere is taken as full."""
-    what = []
-    if r.get("sliding_window") and r.get("use_sliding_window", True) is not False:
-        what.append(f"sliding-window attention ({r.get('sliding_window')} tokens)")
-    elif "sliding_attention" in (r.get("layer_types") or []):
-        what.append("sliding-window attention")
-    if r.get("attention_chunk_size"):
-        what.append(f"chunked attention ({r.get('attention_chunk_size')} tokens)")
-    if r.kind.startswith(HYBRID):
-        what.append(f"linear attention ({sum(not f for f in _full_layers(r, r.int('num_hidden_layers')))} layers)")
+def _notices(r: _Reader, name: str, local: int) -> tuple[str, ...]:
+    """What the import approximates: a model local in every layer, and sparse attention, are
+    taken as full attention."""
+    notices = []
+    if not local and r.get("sliding_window") and r.get("use_sliding_window", True) is not False:
+        notices.append(f"{name}: sliding-window attention in every layer ({r.get('sliding_window')} tokens) imported "
+                       "as full attention (KV cache and attention cost overstated for long contexts)")
     if r.get("index_topk"):
-        what.append(f"sparse attention (top {r.get('index_topk')} tokens)")
-    if not what:
-        return ()
-    return (f"{name}: {' and '.join(what)} imported as full attention (KV cache and attention cost overstated "
-            "for long contexts)",)
+        notices.append(f"{name}: sparse attention (top {r.get('index_topk')} tokens) imported as full attention "
+                       "(it holds every token's KV; its attention cost is overstated for long contexts)")
+    return tuple(notices)
 
 
 def _read(path: Path) -> dict:
@@ -333,7 +370,7 @@ def read(path: str) -> Shape:
     else:
         heads, kv, hd, attention, attention_plain = _attention(r)
     full = _full_layers(r, n) if r.kind.startswith(HYBRID) else [True] * n
-    delta, delta_plain = _linear_attention(r) if not all(full) else (0, 0)  # KV and cost as full attention
+    delta, delta_plain = _linear_attention(r) if not all(full) else (0, 0)
     attention_all = sum(attention if f else delta for f in full)
     attention_plain_all = sum(attention_plain if f else delta_plain for f in full)
     routes, experts, k, expert, shared, router = _moe(r)
@@ -352,10 +389,17 @@ def read(path: str) -> Shape:
     attention_kept, delta_kept, shared_kept, dense_kept = _left_bf16(ignored)
     kept = (attention_kept * sum(full) * attention + delta_kept * (n - sum(full)) * delta
             + shared_kept * moe_layers * shared + dense_kept * (n - moe_layers) * dense_mlp)
-    notices = _notices(r, p.parent.name or p.name)
+    local, window, kind = _local(r, n)
+    context = r.int("max_position_embeddings", 0)
+    if local and context and window > context:
+        raise ModelFileError(f"{p}: field {'sliding_window' if kind == 'sliding' else 'attention_chunk_size'!r} "
+                             f"({window}) exceeds max_position_embeddings ({context}): no context reaches it")
+    notices = _notices(r, p.parent.name or p.name, local)
     for notice in notices:
         warnings.warn(notice, Approximation, stacklevel=2)
     return Shape(architecture, n, hidden, heads, kv, hd, vocab, linear, plain, active, lora, rope, experts, k,
                  moe_layers, expert, dtype, kv_dtype, kept=kept,
-                 index_head_dim=r.int("index_head_dim", 0) if r.get("index_topk") else 0, notices=notices)
+                 index_head_dim=r.int("index_head_dim", 0) if r.get("index_topk") else 0,
+                 window_layers=local, window_tokens=window, window_kind=kind, linear_layers=n - sum(full),
+                 linear_state=_linear_state(r) if not all(full) else 0, notices=notices)
 

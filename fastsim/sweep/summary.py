@@ -91,13 +91,18 @@ def _cell(samples: np.ndarray, column: tuple) -> str:
 
 def describe(config: Config, n_requests: int) -> str:
     """One line naming what a run simulated: model, GPU, tp, fleet, engine limits and traffic."""
-    from ..model.cost import kv_blocks
+    from ..model.cost import fixed_blocks, kv_blocks
 
     h, m, e, w, f = config.hardware, config.model, config.engine, config.workload, config.fleet
     model = m.preset or f"a {m.weight_gb:g} GB model"
     gpu = h.preset or f"a {h.mem_bandwidth_tb_s:g} TB/s GPU"
     blocks = kv_blocks(config)
     kv = "KV unlimited" if blocks is None else f"KV {blocks * e.block_tokens:,} tokens"
+    if m.window_layers or m.linear_layers:  # hybrid attention: what a request holds beyond its tokens
+        held = [f"{m.window_layers} layers' {m.window_tokens:,}-token {m.window_kind} windows"] if m.window_layers else []
+        held += [f"{m.linear_layers} linear-attention layers' states"] if m.linear_layers else []
+        kv += f" of full attention + {fixed_blocks(config)} blocks a request for " if blocks is not None else " for "
+        kv += " and ".join(held)
     budget = "" if e.max_batched_tokens is None else f", budget {e.max_batched_tokens:,} tokens"
     ranks = f" on each of {e.dp} ranks" if e.dp > 1 else ""
     engine = f"{e.policy} batching{ranks}, max_batch {e.max_batch}, limit {e.limit}{budget}, {kv}"

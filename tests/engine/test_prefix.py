@@ -23,7 +23,7 @@ from fastsim.model import cost
 
 from ..oracles import block_loop
 from ..oracles import prefix as oracle_prefix
-from ..strategies import close, oracle_engine
+from ..strategies import close, oracle_engine, sized
 
 ROUTERS = ["round_robin", "random", "least_outstanding", "least_kv", "prefix_aware"]
 
@@ -78,15 +78,17 @@ def prefix_configs(draw) -> Config:
                                                                    {"dist": "exponential", "mean": 0.05}])),
                                   "max_context": cap}
         longest = cap
-    tokens = draw(st.integers(longest, 3 * longest))  # from just enough for the longest request
-    v["engine.kv_cache_gb"] = math.ceil(tokens / bt) * bt * 131072 / 1e9 * (1 + 1e-12)
+    shared = "workload.system_prompts" in v or "workload.prefix_tokens" in v or "workload.sessions" in v
+    if not shared and draw(st.integers(0, 2)) == 0:  # local-attention layers: a window's blocks a request
+        v.update({"model.window_layers": draw(st.integers(1, 31)), "model.window_tokens": draw(st.integers(1, 48)),
+                  "model.window_kind": draw(st.sampled_from(["sliding", "chunked"]))})
     replicas = draw(st.integers(1, 3))
     router = draw(st.sampled_from(ROUTERS if caching else ROUTERS[:4]))
     v.update({"fleet.replicas": replicas, "fleet.router": router, "fleet.prefix_weight": draw(st.sampled_from(
         [0.0, 1.0, 3.5]))})
     if not caching and v.get("workload.sessions") is None:
         v["engine.prefix_caching"] = True  # the plain continuous kernel runs the rest
-    return Config().with_values(v)
+    return sized(Config().with_values(v), draw(st.integers(longest, 3 * longest)))  # from just enough for the longest
 
 
 def _engine(config: Config, prefill: bool = False):
@@ -107,8 +109,12 @@ def oracle(config: Config, traffic: Traffic) -> dict:
     draws = routes(config.workload, n, f.replicas, 0).tolist() if f.router == "random" else None
     prefill = None
     if f.prefill_replicas:
-        link_s = [f.kv_link_latency_ms * 1e-3 + p * config.model.kv_bytes_per_token / (f.kv_link_gb_s * 1e9)
-                  for p in traffic.prompt_tokens.tolist()]
+        m = config.model
+        layer = m.kv_bytes_per_token / m.n_layers  # a prompt's KV: every token's in its full-attention layers,
+        full = m.n_layers - m.window_layers - m.linear_layers  # the window's last in the local ones, states
+        link_s = [f.kv_link_latency_ms * 1e-3 + (p * layer * full + min(p, m.window_tokens or 0) * layer
+                                                 * m.window_layers + m.linear_layers * m.linear_state_bytes)
+                  / (f.kv_link_gb_s * 1e9) for p in traffic.prompt_tokens.tolist()]
         pre_draws = routes(config.workload, n, f.prefill_replicas, 1).tolist() if f.router == "random" else None
         prefill = oracle_prefix.Prefill(f.prefill_replicas, _engine(config, prefill=True), link_s, pre_draws)
     return oracle_prefix.simulate(traffic.arrival_s.tolist(), traffic.prompt_tokens.tolist(),

@@ -38,7 +38,8 @@ def test_contract_keys_all_exist():
     engine.prefix_caching workload.system_prompts workload.sessions workload.trace_hash_block
     fleet.prefix_weight engine.async_scheduling workload.warmup workload.concurrency workload.ramp_s
     workload.think_s workload.prompt.range_ratio workload.output.range_ratio calibration.moe_layer_overhead_us
-    hardware.scaleup_gpus hardware.scaleout_gb_s hardware.scaleout_latency_us engine.dp""".split()
+    hardware.scaleup_gpus hardware.scaleout_gb_s hardware.scaleout_latency_us engine.dp
+    model.window_layers model.window_tokens model.window_kind model.linear_layers model.linear_state_bytes""".split()
     assert sorted(contract) == sorted(LEAF_KEYS)
 
 

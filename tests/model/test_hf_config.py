@@ -137,9 +137,7 @@ def test_sparse_attention_keeps_its_indexer_keys():
         1536 * 64 * 128 + 7168 * 128 + 7168 * 64 + 2 * 128)
 
 
-@pytest.mark.parametrize("name, what", [("gpt-oss-120b", "sliding-window attention (128 tokens)"),
-                                        ("llama-4-scout", "chunked attention (8192 tokens)"),
-                                        ("qwen3.5-35b-a3b", "linear attention (30 layers)"),
+@pytest.mark.parametrize("name, what", [("mistral-7b", "sliding-window attention in every layer (4096 tokens)"),
                                         ("deepseek-v3.2", "sparse attention"), ("glm-5", "sparse attention")])
 def test_what_is_not_full_attention_is_said_once_on_stderr(tmp_path, root, name, what):
     folder = tmp_path / name  # a copy: the notice comes with a file's first import in a process
@@ -159,6 +157,22 @@ def test_what_is_not_full_attention_is_said_once_on_stderr(tmp_path, root, name,
     assert len(notices) == 1 and what in notices[0] and "imported as full attention" in notices[0]
 
 
+@pytest.mark.parametrize("name, window, tokens, kind, linear, state", [
+    ("gpt-oss-120b", 18, 128, "sliding", 0, 0),  # half its layers a 128-token window (layer_types)
+    ("gpt-oss-20b", 12, 128, "sliding", 0, 0),
+    ("llama-4-scout", 36, 8192, "chunked", 0, 0),  # chunked in 3 layers of 4 (the rotary ones)
+    # 3 of 4 layers Gated DeltaNet: a conv state of (2 x 16 x 128 + 32 x 128) x 3 bf16 values and a
+    # recurrent state of 32 x 128 x 128, bf16 (Qwen3-Next) or float32 (Qwen3.5, its mamba_ssm_dtype)
+    ("qwen3-next-80b-a3b", 0, None, "sliding", 36, 8192 * 3 * 2 + 32 * 128 * 128 * 2),
+    ("qwen3.5-397b-a17b", 0, None, "sliding", 45, (4096 + 64 * 128) * 3 * 2 + 64 * 128 * 128 * 4),
+])
+def test_hybrid_attention_imports_its_layer_kinds_without_a_notice(name, window, tokens, kind, linear, state):
+    assert not hf_config.read(MODELS[name]).notices  # what they hold is modelled
+    got = hf_config.read(MODELS[name]).fields()
+    assert (got["window_layers"], got["window_tokens"], got["window_kind"]) == (window, tokens, kind)
+    assert (got["linear_layers"], got["linear_state_bytes"]) == (linear, state)
+
+
 def test_an_unknown_architecture_names_the_file_and_the_supported_ones(tmp_path, root):
     path = tmp_path / "config.json"
     path.write_text('{"architectures": ["Qwen9ForCausalLM"], "hidden_size": 8}')
@@ -166,6 +180,15 @@ def test_an_unknown_architecture_names_the_file_and_the_supported_ones(tmp_path,
     assert result.exit_code == 2
     assert f"model.config_json: {path}: architecture 'Qwen9ForCausalLM' is not supported (supported: " \
            "LlamaForCausalLM" in result.stderr
+
+
+def test_a_window_beyond_the_context_names_the_field(tmp_path, root):
+    raw = json.load(open(MODELS["gpt-oss-20b"]))
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**raw, "sliding_window": 200000}))
+    result = CliRunner().invoke(app, ["run", str(root / "configs/h100.yaml"), "--set", f"model.config_json={path}"])
+    assert result.exit_code == 2
+    assert "'sliding_window' (200000) exceeds max_position_embeddings (131072)" in result.stderr
 
 
 def test_config_json_is_relative_to_its_file_and_replaces_the_preset(tmp_path, root):

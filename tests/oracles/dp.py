@@ -46,17 +46,20 @@ class RankCost:
     vocab: int | None
     comm_fixed_s: float  # the rank's all-reduces and the exchange's latencies
     comm_s_per_token: float  # and their transfer time per token of the rank
+    row_gpu: float = 0.0  # hybrid attention: bytes one GPU reads per sampled row (windows, states read and written)
+    window_pairs: float = 0.0  # ... and query-key pairs per computed token over the local layers
 
     def rank(self, n_all, N, C, A, S):
         unread = self.expert_bytes * (1 - self.k_over_e) ** n_all if self.expert_bytes else 0.0
         t_mem = ((self.dense_bytes + (self.expert_bytes - unread) / self.dp) / self.tp / self.gpu_bytes_s
-                 + self.kv_gpu / self.gpu_bytes_s * C)
+                 + self.kv_gpu / self.gpu_bytes_s * C + self.row_gpu / self.gpu_bytes_s * S)
         t_cmp = 0.0
         if self.params_b is not None:
             t_cmp = 2e9 * (self.params_b - self.expert_params_b) * N / self.tp / self.dtype_flops
             t_cmp += 2e9 * self.expert_params_b * n_all / self.dp / self.tp / self.dtype_flops
             t_cmp += (2 * self.hidden * self.vocab * S if self.vocab else 0) / self.tp / self.bf16_flops
             t_cmp += 4 * self.n_layers * self.attn_dim * A / self.tp / self.bf16_flops
+            t_cmp += 4 * self.attn_dim * self.window_pairs * N / self.tp / self.bf16_flops
         return max(t_mem, t_cmp) + self.comm_fixed_s + self.comm_s_per_token * N
 
     def step(self, stats):

@@ -25,7 +25,10 @@ class Fleet:
     prefill: Engine | None = None  # the prefill replicas' engine
     link_latency_s: float = 0.0
     link_bytes_per_s: float = 50e9
-    kv_bytes_per_token: float = 0.0
+    kv_bytes_per_token: float = 0.0  # a prompt's KV crossing the link: its full-attention layers' per token,
+    window_bytes_per_token: float = 0.0  # its local layers' for the window's last tokens,
+    window_tokens: int = 0
+    state_bytes: float = 0.0  # and its linear-attention layers' states
 
 
 def _choose(router, k, i, reps, routes):
@@ -106,7 +109,9 @@ def simulate_fleet(arrival, prompt, output, e: Engine, f: Fleet, routes=None, pr
             link_free = 0.0
             for i in sorted((i for i in ids if prefill_where[i] == r and output[i] > 1), key=lambda i: (ended[i], i)):
                 start = max(ended[i], link_free)
-                link_free = start + (f.link_latency_s + prompt[i] * f.kv_bytes_per_token / f.link_bytes_per_s)
+                sent = (prompt[i] * f.kv_bytes_per_token + min(prompt[i], f.window_tokens) * f.window_bytes_per_token
+                        + f.state_bytes)
+                link_free = start + (f.link_latency_s + sent / f.link_bytes_per_s)
                 reached[i] = link_free
         for i in ids:
             prefill_of[i] = prefill_where[i]

@@ -15,6 +15,12 @@ time, an event taken in time order after the arrivals of that instant (ties: the
 when the client sends the next request no client has sent (with sessions, the next session's
 first turn), its think time later; a session's turn that has a next turn releases it instead,
 to the same client. Literal and slow; the kernel must agree exactly.
+
+A model with local-attention layers (``Engine.fixed_blocks`` > 0 under the cache, over requests
+that share nothing) holds that many window blocks from admission to its end or preemption,
+allocated after its token blocks and released before them; a preempted request re-hits its
+blocks only all together, window blocks included, and none once any of them was evicted (its
+recomputed blocks then take the cache's entries from the stale copies still free).
 """
 
 from __future__ import annotations
@@ -55,7 +61,7 @@ class CachedReplica:
         self.ref = [0] * e.blocks
         self.free = list(range(e.blocks))
         self.where = {}
-        self.g, self.c, self.blocks = {}, {}, {}
+        self.g, self.c, self.blocks, self.window = {}, {}, {}, {}
         self.last_emit, self.last_emit_time = {}, {}
         self.first_token, self.done, self.cached = {}, {}, {}
         self.now, self.steps, self.busy, self.max_queue, self.preemptions = 0.0, 0, 0, 0, 0
@@ -69,7 +75,7 @@ class CachedReplica:
         and its first token, emitted at ``token_1``."""
         self.waiting.append(i)
         self.joined_at[i] = at
-        self.g[i], self.c[i], self.blocks[i] = 0, 0, []
+        self.g[i], self.c[i], self.blocks[i], self.window[i] = 0, 0, [], []
         self.last_emit[i] = None
         if token_1 is not None:
             self.g[i], self.c[i] = 1, self.prompt[i]
@@ -93,25 +99,39 @@ class CachedReplica:
             h += 1
         return h
 
-    def _allocate(self, i):
+    def _allocate(self, i, window=None):
         b = self.free.pop(0)
         if self.block_key[b] is not None:
             del self.where[self.block_key[b]]
             self.block_key[b] = None
         self.ref[b] = 1
-        self.blocks[i].append(b)
+        if window is None:
+            self.blocks[i].append(b)
+        else:  # a window block: cached as its request's, found again only with all the others
+            self.window[i].append(b)
+            if self.caching:
+                self.block_key[b] = ("window", i, window)
+                self.where[self.block_key[b]] = b
 
     def _fill(self, i, c0, c1):
         if not self.caching:
             return
         for j in range(c0 // self.B, c1 // self.B):
             k = self.s.key(i, j)
+            if k in self.where and self.e.fixed_blocks and self.ref[self.where[k]] == 0:
+                self.block_key[self.where.pop(k)] = None  # a stale copy in the free queue (a window's
+                # request recomputing after a miss) gives the cache's entry up to the block recomputed
             if k not in self.where:
                 b = self.blocks[i][j]
                 self.where[k] = b
                 self.block_key[b] = k
 
     def _release(self, i):
+        for b in reversed(self.window[i]):  # the window's blocks first
+            self.ref[b] -= 1
+            if self.ref[b] == 0:
+                self.free.append(b)
+        self.window[i] = []
         for b in reversed(self.blocks[i]):
             self.ref[b] -= 1
             if self.ref[b] == 0:
@@ -154,18 +174,26 @@ class CachedReplica:
                     break
                 h = self.hit(i, g[i])
                 hits = [self.where[self.s.key(i, j)] for j in range(h)]
+                windows = [("window", i, j) for j in range(e.fixed_blocks)]
+                if h and not all(w in self.where for w in windows):
+                    h, hits = 0, []  # a window block was evicted: nothing is found
+                if h:
+                    hits += [self.where[w] for w in windows]
                 c0 = max(h * B, c[i])  # (a decode replica's request arrives with its prompt computed)
                 take = min(prompt[i] + g[i] - c0, budget)
-                new = math.ceil((c0 + take) / B) - h
+                new = math.ceil((c0 + take) / B) - h + (0 if h else e.fixed_blocks)
                 if new + sum(1 for b in hits if self.ref[b] == 0) > len(self.free):
                     break
                 for b in hits:
                     if self.ref[b] == 0:
                         self.free.remove(b)
                     self.ref[b] += 1
-                self.blocks[i] = list(hits)
-                for _ in range(new):
+                self.blocks[i] = hits[:h]
+                self.window[i] = hits[h:]
+                for _ in range(new - (0 if h else e.fixed_blocks)):
                     self._allocate(i)
+                for j in range(0 if h else e.fixed_blocks):
+                    self._allocate(i, window=j)
                 if i not in self.cached:
                     self.cached[i] = c0
                 c[i] = c0

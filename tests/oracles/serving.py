@@ -30,6 +30,7 @@ class Engine:
     cost: StepCost  # what a step takes
     api_s: float
     lookahead: bool = False  # async scheduling: while a step runs, the next one's batch is already fixed
+    fixed_blocks: int = 0  # a hybrid-attention model's: blocks each admitted request holds beyond its tokens'
 
 
 @dataclass
@@ -53,16 +54,20 @@ class StepCost:
     vocab: int | None
     comm_fixed_s: float  # the step's all-reduce (or dispatch and combine) latencies
     comm_s_per_token: float  # and their per-token transfer time
+    row_gpu: float = 0.0  # hybrid attention: bytes one GPU reads per sampled row (windows, states read and written)
+    window_pairs: float = 0.0  # ... and query-key pairs per computed token over the local layers
 
     def __call__(self, N, C, A, S):
         unread = self.expert_bytes * (1 - self.k_over_e) ** N if self.expert_bytes else 0.0
         # (W(N) / tp + kv_gpu C) / bandwidth, grouped as the lesson's weights + per-token KV times
         t_mem = (self.weight_bytes - unread) / self.tp / self.gpu_bytes_s + self.kv_gpu / self.gpu_bytes_s * C
+        t_mem += self.row_gpu / self.gpu_bytes_s * S
         t_cmp = 0.0
         if self.params_b is not None:
             t_cmp = 2e9 * self.params_b * N / self.tp / self.dtype_flops
             t_cmp += (2 * self.hidden * self.vocab * S if self.vocab else 0) / self.tp / self.bf16_flops
             t_cmp += 4 * self.n_layers * self.attn_dim * A / self.tp / self.bf16_flops
+            t_cmp += 4 * self.attn_dim * self.window_pairs * N / self.tp / self.bf16_flops
         return self.overhead_s + max(t_mem, t_cmp) + self.comm_fixed_s + self.comm_s_per_token * N
 
 
@@ -105,11 +110,11 @@ class Replica:
 
     def _reservation(self, i):
         e = self.e
-        return math.ceil((self.prompt[i] + e.max_output) / e.block_tokens) - e.prefix_blocks
+        return math.ceil((self.prompt[i] + e.max_output) / e.block_tokens) - e.prefix_blocks + e.fixed_blocks
 
     def _paged_need(self, i, n_new):  # blocks beyond those held, for c + n_new computed tokens
         e = self.e
-        return math.ceil((self.c[i] + n_new) / e.block_tokens) - e.prefix_blocks - self.held[i]
+        return math.ceil((self.c[i] + n_new) / e.block_tokens) - e.prefix_blocks + e.fixed_blocks - self.held[i]
 
     def iterate(self, no_more):
         """One turn of the engine's loop at ``self.now`` (arrivals already joined): schedule and

@@ -18,7 +18,7 @@ from ..._jit import inline
 from ...model import cost
 from ...model.schema import Config
 from ._calendar import COMPACT_RUN, FULL_COLUMNS, RING_MAX
-from ._kv import PAGED, REHIT, RESERVE
+from ._kv import PAGED, REHIT, RESERVE, WHOLE
 from .one_engine import LAYOUT, Numbers, kernel_of
 
 __all__ = ["RING_MAX", "RUNS_PER_REQUEST", "Outcome", "Plan", "Scratch", "kv_totals", "longest_output", "outcome",
@@ -59,6 +59,7 @@ class Plan:
     max_output: int
     lookahead: bool  # async scheduling (:func:`.serve.serve`)
     api_s: float
+    fixed_blocks: int = 0  # a hybrid-attention model's per running request (:func:`fastsim.model.cost.fixed_blocks`)
 
     @property
     def dp(self) -> int:
@@ -69,7 +70,7 @@ class Plan:
     def numbers(self) -> Numbers:
         """What every one-engine kernel takes of the plan (:mod:`.one_engine`)."""
         return Numbers(self.limit, self.window_s, self.k, self.budget, self.blocks, self.block_tokens, self.kv_mode,
-                self.prefix_blocks, self.max_output, self.lookahead)
+                self.prefix_blocks, self.max_output, self.lookahead, self.fixed_blocks)
 
     @classmethod
     def of(cls, config: Config, max_output: int | None = None, prefix: bool = True) -> Plan:
@@ -105,12 +106,25 @@ class Plan:
             budget=UNLIMITED_BUDGET if e.max_batched_tokens is None else e.max_batched_tokens,
             blocks=-1 if blocks is None else blocks,
             block_tokens=e.block_tokens,
-            kv_mode=RESERVE if e.kv_alloc == "reserve" else REHIT if e.prefix_caching and prefix else PAGED,
+            kv_mode=_kv_mode(config, prefix),
             prefix_blocks=cost.prefix_blocks(config) if prefix else 0,
             max_output=max_output,
             lookahead=e.async_scheduling,
             api_s=config.calibration.api_overhead_ms / 1000,
+            fixed_blocks=cost.fixed_blocks(config),
         )
+
+
+def _kv_mode(config: Config, prefix: bool) -> int:
+    """How an engine holds KV as counters: reserved, or paged; under a prefix cache a preempted
+    request re-hits its own blocks (all or none where local-attention layers hold a window; never
+    where linear-attention layers hold a state, which vLLM does not cache: docs/model/deployed.md)."""
+    e, m = config.engine, config.model
+    if e.kv_alloc == "reserve":
+        return RESERVE
+    if not (e.prefix_caching and prefix) or m.linear_layers:
+        return PAGED
+    return WHOLE if m.window_layers else REHIT
 
 
 _last_plan: tuple | None = None  # (the sections, the other inputs, the plan) of the last Plan.of

@@ -34,8 +34,8 @@ from . import _kv as roles
 from ._arrivals import arrive
 from ._calendar import extend_run
 from ._running import cdiv
-from ...model.cost import (OVERHEAD, T_EXPERTS, T_KV, T_LINK, T_LINK_TOKEN, T_PAIR, T_SAMPLE, T_TOKEN, T_WEIGHTS,
-                           UNPICKED)
+from ...model.cost import (OVERHEAD, T_EXPERTS, T_KV, T_LINK, T_LINK_TOKEN, T_PAIR, T_ROW, T_SAMPLE, T_TOKEN,
+                           T_WEIGHTS, UNPICKED)
 
 STEPPED = 16  # bare steps taken one by one before the rest of a run goes in closed form
 SHORTEST = 12  # ... if that many are left at least
@@ -44,17 +44,18 @@ ONE = np.int64(1)
 
 
 @inline
-def may_admit(kv, i, preempted, limited, left, prompt, g, c, cached, reserve, o_max, bt, pb, free):
+def may_admit(kv, i, preempted, limited, left, prompt, g, c, cached, reserve, o_max, bt, per, free):
     """Whether the head of the waiting queue, request ``i`` (``preempted``: the front of the
     preempted ones), may be admitted in the next step (``left``: its budget after the decoders'
     tokens): then bare steps cannot run. Where its hit changes as blocks are taken (a cache that
     keeps the order of releases, or re-hits a preempted request's blocks), or the cache is
-    unlimited, or no budget is left, say so: the loop goes step by step."""
+    unlimited, or no budget is left, say so: the loop goes step by step. A request holds
+    cdiv(its tokens, bt) - ``per`` blocks."""
     if roles.ordered(kv) or not limited or left <= 0 or roles.rehits(kv, preempted):
         return True
     ci = max(c[i], cached)
     take = min(prompt[i] + g[i] - ci, left)
-    need = cdiv(prompt[i] + o_max, bt) - pb if reserve else cdiv(ci + take, bt) - pb
+    need = cdiv(prompt[i] + o_max, bt) - per if reserve else cdiv(ci + take, bt) - per
     return need <= free
 
 
@@ -151,7 +152,7 @@ def timed(k, d, kv0, now, until, shortest, m):
     (:func:`fastsim.model.cost.coefficients`)."""
     n = float(d)  # the roofline's two sides, each affine in the step's index j
     fixed = k[OVERHEAD] + (k[T_LINK] + k[T_LINK_TOKEN] * n)
-    mem0 = k[T_WEIGHTS] + k[T_KV] * kv0
+    mem0 = k[T_WEIGHTS] + k[T_KV] * kv0 + k[T_ROW] * n
     if k[T_EXPERTS] != 0.0:  # the routed experts no decoder picks are not read (as :func:`step_time`)
         mem0 -= k[T_EXPERTS] * math.exp(k[UNPICKED] * d)
     mem_slope = k[T_KV] * n

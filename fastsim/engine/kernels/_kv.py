@@ -47,15 +47,18 @@ from ._blocks import (Blocks, _admit_blocks, _allocate_blocks, _cached_blocks_bl
 from ._running import own_hit
 from ._segments import A, CACHED, F, GHELD, GROUP, GSEG, HI, HOLDERS, OWNER, PARENT, SID
 
-PAGED, RESERVE, REHIT = range(3)  # counters: paged; reserved at admission; paged under a prefix cache
+PAGED, RESERVE, REHIT, WHOLE = range(4)  # counters: paged; reserved at admission; paged under a prefix cache; and
+# so for a model with local-attention layers, whose preempted request finds its blocks again all or none
 
 
 class Counters(NamedTuple):
-    """KV as counters: how blocks are held (PAGED, RESERVE or REHIT) and the longest output (a
-    reservation's)."""
+    """KV as counters: how blocks are held (PAGED, RESERVE, REHIT or WHOLE), the longest output (a
+    reservation's), and the blocks each running request holds beyond its tokens' on the
+    replicas that cache (WHOLE: a re-hit takes them back too)."""
 
     mode: int
     o_max: int
+    fixed: int = 0
 
 
 class Runs(NamedTuple):
@@ -84,7 +87,8 @@ def _by_kv(role, counters, runs, blocks):
 
 def _computed_counters(kv, cache, rep, i, p_i, g_i, c_i, pre, free, aux, hitting, blocks, bt,
                        kept_i, start_i, cached):
-    c0 = own_hit(kept_i, start_i, blocks + aux - free, bt) if kv.mode == REHIT and pre else max(c_i, cached)
+    c0 = (own_hit(kept_i, start_i, blocks + aux - free, bt, kv.mode == WHOLE) if kv.mode >= REHIT and pre
+          else max(c_i, cached))
     return c0, 0, 0, -1, -1, False, aux
 
 
@@ -98,7 +102,8 @@ def _allocate_counters(kv, rep, count, free, aux):
 
 def _admit_counters(kv, cache, rep, i, c0, take_n, h, new, free_hits, s_g, s_p, pre, free, aux,
                     hitting, bt):
-    return free - new, aux - c0 // bt * (kv.mode == REHIT and pre)  # (REHIT: its hits leave the queue; a product,
+    return free - new, aux - (c0 // bt + kv.fixed * (c0 > 0)) * (kv.mode >= REHIT and pre)  # (its hits leave the
+    # queue, and WHOLE's fixed blocks with them; a product,
     # not a branch: Numba's inliner warns of a branch's value)
 
 
@@ -115,7 +120,7 @@ def _walks_counters(kv, hitting):
 
 
 def _free_counters(kv, cache, rep, v, top, kept, free, aux, hitting, bt):
-    return free + top, aux + top * (kv.mode == REHIT)  # (a product, as above)
+    return free + top, aux + top * (kv.mode >= REHIT)  # (a product, as above)
 
 
 # ---- runs (the prefix cache over system prompts and sessions) ----
@@ -264,7 +269,7 @@ def _ordered_runs(kv):
 
 
 def _rehits_counters(kv, pre):
-    return kv.mode == REHIT and pre
+    return kv.mode >= REHIT and pre
 
 
 def _rehits_runs(kv, pre):

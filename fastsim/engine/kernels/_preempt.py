@@ -11,15 +11,16 @@ from ._running import cal_remove, cdiv, unlink
 
 
 @jit
-def preempt_for(kv, cache, rep, hitting, bt, pb, blocks, steps, now, prompt, g, c, held, dbase,
+def preempt_for(kv, cache, rep, hitting, bt, per, blocks, steps, now, prompt, g, c, held, dbase,
                 phase, last_t, pnext, rprev, rnext, bucket, cnext, cprev, bcount, rhead, rtail, running, partial,
                 pneed, n_dec, sum_c, free, aux, ptop, npre_q, nwait, preemptions):
     """Replica ``rep``'s running requests, oldest first, each given the blocks its tokens of this
     step need (a decoder one at a block's start, the partial row ``pneed``; :func:`._kv.grow`),
-    the newest preempted while they are short: it frees its blocks (decoders' token counts
-    brought up to date) and goes to the front of the queue with nothing computed; if that was the
-    request itself, the walk stops. Returns the state it changed: (rhead, rtail, running, partial, n_dec, sum_c, free, aux,
-    ptop, npre_q, nwait, preemptions, whether it preempted)."""
+    the newest preempted while they are short: it frees its blocks (cdiv(its tokens, bt) - ``per``
+    of them; decoders' token counts brought up to date) and goes to the front of the queue with
+    nothing computed; if that was the request itself, the walk stops. Returns the state it
+    changed: (rhead, rtail, running, partial, n_dec, sum_c, free, aux, ptop, npre_q, nwait,
+    preemptions, whether it preempted)."""
     preempted = False
     j = rhead
     while j >= 0:
@@ -40,7 +41,7 @@ def preempt_for(kv, cache, rep, hitting, bt, pb, blocks, steps, now, prompt, g, 
             else:
                 g[v] += steps - dbase[v]
                 kept = prompt[v] + g[v] - 1
-                top = cdiv(kept, bt) - pb
+                top = cdiv(kept, bt) - per
                 n_dec -= 1
                 sum_c -= kept
                 bcount[rep, phase[v]] -= 1

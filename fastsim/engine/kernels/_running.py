@@ -85,7 +85,7 @@ def join_queue(st, link, rep, q, first, last, waiting):
 
 
 @inline
-def own_hit(kept, start, popped, bt):
+def own_hit(kept, start, popped, bt, whole):
     """Tokens a preempted request finds cached at its re-admission, under a prefix cache over
     requests that share nothing (docs/model/prefix-cache.md). Preempted with ``kept`` tokens
     computed, it released cdiv(kept, bt) blocks to the free queue's tail, last to first, the
@@ -93,7 +93,11 @@ def own_hit(kept, start, popped, bt):
     head, counted from the run's start, after which the head reached them (those made then, plus
     the free blocks ahead of them); ``popped``: the allocations made by now. The head evicts its
     blocks deepest first, so what is left is its first blocks. (Only a request preempted later
-    is re-admitted before it: no hit takes blocks from ahead of its own, so the count holds.)"""
+    is re-admitted before it: no hit takes blocks from ahead of its own, so the count holds.)
+    ``whole``: a model with local-attention layers, whose hit needs its window's blocks too,
+    freed after the others: once the head reached any of its blocks, nothing is left to hit."""
     m = cdiv(kept, bt)
     evicted = min(max(popped - start, 0), m)
+    if whole:
+        return kept // bt * bt if evicted == 0 else 0
     return min(kept // bt, m - evicted) * bt

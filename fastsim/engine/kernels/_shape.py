@@ -31,14 +31,16 @@ assert ADMITTED == 25, ":func:`load` and :func:`save` keep columns RHEAD (0) to 
 class Pool(NamedTuple):
     """Replicas alike: how many, their step-time coefficients (:func:`fastsim.model.cost.frozen`),
     token budget (>= the running limit) and KV blocks (-1: unlimited; a router that counts blocks
-    is given so many that they never bind), and the least time after a replica's clock at which
-    an arrival it releases can come (inf: it releases none)."""
+    is given so many that they never bind), the least time after a replica's clock at which
+    an arrival it releases can come (inf: it releases none), and the blocks each running request
+    holds beyond those its tokens fill (a hybrid-attention model's: :func:`fastsim.model.cost.fixed_blocks`)."""
 
     replicas: int
     k: tuple
     budget: int
     blocks: int
     slack: float
+    fixed: int
 
 
 class Rules(NamedTuple):

@@ -46,6 +46,7 @@ class Numbers(NamedTuple):
     prefix_blocks: int
     max_output: int
     lookahead: bool
+    fixed_blocks: int
 
 
 @jit
@@ -66,16 +67,17 @@ def lesson_batched(arrival, prompt, output, plan, token_1, first_token, done, ru
 
 @jit
 def serving_continuous(arrival, prompt, output, plan, token_1, first_token, done, runs, gaps, work):
-    limit, _, k, budget, blocks, bt, kv_mode, pb, o_max, lookahead = plan
+    limit, _, k, budget, blocks, bt, kv_mode, pb, o_max, lookahead, fixed = plan
     unrouted = np.empty(0, np.int64)  # one engine: no router's draws in, no replicas out
     no_times = np.empty(0)
     no_cache = np.empty((0, 0), np.int64)  # (KV counted: no prefix cache's array)
     k = frozen_in_loop(k)
-    pool = Pool(ONE, k, budget, blocks, NO_SLACK)
+    pool = Pool(ONE, k, budget, blocks, NO_SLACK, fixed)
     rules = Rules(limit, bt, pb, kv_mode == RESERVE, o_max, lookahead, 0.0)
     routing = Alone(UNROUTED, unrouted, 1.0, no_times, no_times, unrouted, token_1, 0, unrouted, 1)
     _, (steps, busy, queue, preemptions, kv_sum, kv_peak), nruns, ngaps, _ = serve(
-        arrival, prompt, output, Pool(NONE, k, budget, blocks, NO_SLACK), pool, rules, routing, Counters(kv_mode, o_max),
+        arrival, prompt, output, Pool(NONE, k, budget, blocks, NO_SLACK, fixed), pool, rules, routing,
+        Counters(kv_mode, o_max, fixed),
         no_cache, first_token, done, unrouted, unrouted, runs, gaps, work)
     return steps, busy, queue, preemptions, kv_sum, kv_peak, nruns, ngaps
 
@@ -85,7 +87,8 @@ def serving_batched(arrival, prompt, output, plan, token_1, first_token, done, r
     limit, window, k, blocks, bt, pb, o_max = (plan.limit, plan.window_s, plan.k, plan.blocks, plan.block_tokens,
                                                plan.prefix_blocks, plan.max_output)
     steps, busy, queue, kv_sum, kv_peak, nruns = batched_kernel.batched(
-        arrival, prompt, output, limit, window, k, blocks, bt, pb, o_max, first_token, done, runs, work)
+        arrival, prompt, output, limit, window, k, blocks, bt, pb, plan.fixed_blocks, o_max, first_token, done, runs,
+        work)
     return steps, busy, queue, NONE, kv_sum, kv_peak, nruns, NONE
 
 

@@ -161,6 +161,7 @@ def serve(arrival, prompt, output, pre, dec, rules, routing, kv, cache, first_to
             k = pre_k if prefilling else dec_k
             budget = pre.budget if prefilling else dec.budget
             blocks = pre.blocks if prefilling else dec.blocks
+            per = pb - (pre.fixed if prefilling else dec.fixed)  # a request holds cdiv(its tokens, bt) - per blocks
             limited = blocks >= 0
             paged = limited and not reserve
             hitting = npre == 0 or prefilling  # a decode replica behind a prefill pool caches nothing
@@ -191,12 +192,12 @@ def serve(arrival, prompt, output, pre, dec, rules, routing, kv, cache, first_to
                     if partial >= 0:
                         ptake = min(prompt[partial] + g[partial] - c[partial], left)
                         if paged:
-                            pneed = cdiv(c[partial] + ptake, bt) - pb - held[partial]
+                            pneed = cdiv(c[partial] + ptake, bt) - per - held[partial]
                     if paged and (roles.walks(kv, hitting) or bcount[rep, steps % bt] + pneed > free):  # too few blocks
                         # for everyone (or a cache that knows each block: every request given its own)
                         (rhead, rtail, running, partial, n_dec, sum_c, free, aux, ptop, npre_q, nwait, preemptions,
                          preempted) = preempt_for(
-                            kv, cache, rep, hitting, bt, pb, blocks, steps, now, prompt, g, c, held, dbase, phase,
+                            kv, cache, rep, hitting, bt, per, blocks, steps, now, prompt, g, c, held, dbase, phase,
                             last_t, pnext, rprev, rnext, bucket, cnext, cprev, bcount, rhead, rtail, running, partial,
                             pneed, n_dec, sum_c, free, aux, ptop, npre_q, nwait, preemptions)
                         left = budget - n_dec
@@ -230,7 +231,7 @@ def serve(arrival, prompt, output, pre, dec, rules, routing, kv, cache, first_to
                             take = min(todo, left)
                             new = 0
                             if limited:
-                                new = cdiv(prompt[i] + o_max, bt) - pb if reserve else cdiv(c0 + take, bt) - pb - h
+                                new = cdiv(prompt[i] + o_max, bt) - per if reserve else cdiv(c0 + take, bt) - per - h
                                 if new + free_hits > free:
                                     break
                             free, aux = roles.admit(kv, cache, rep, i, c0, take, h, new, free_hits,
@@ -337,7 +338,7 @@ def serve(arrival, prompt, output, pre, dec, rules, routing, kv, cache, first_to
                     bcount[rep, phase[i]] -= 1
                     if limited:
                         free, aux = roles.free(kv, cache, rep, i,
-                                               cdiv(ci, bt) - pb if paged else held[i], ci, free, aux, hitting, bt)
+                                               cdiv(ci, bt) - per if paged else held[i], ci, free, aux, hitting, bt)
                     held[i] = 0
                     rhead, rtail = unlink(rprev, rnext, rhead, rtail, i)
                     running -= 1
@@ -403,7 +404,7 @@ def serve(arrival, prompt, output, pre, dec, rules, routing, kv, cache, first_to
                 if partial >= 0 or n_dec == 0 or preempted or roles.walks(kv, hitting) or (
                         nwait > 0 and running < limit and may_admit(
                             kv, ptop if npre_q > 0 else qfirst, npre_q > 0, limited, budget - n_dec, prompt, g, c,
-                            cached, reserve, o_max, bt, pb, free)):
+                            cached, reserve, o_max, bt, per, free)):
                     continue
                 now, queue, state, record = bare_run(
                     k, kv, rep, bt, limit, lookahead, alone(routing), releases(routing), paged, blocks, bound, bucket,

@@ -17,14 +17,15 @@ WORK_ROWS = 2  # the calendar's links and due steps: rows of ``work``
 
 
 @jit
-def batched(arrival, prompt, output, limit, window, k, blocks, bt, pb, o_max, first_token, done, runs, work):
+def batched(arrival, prompt, output, limit, window, k, blocks, bt, pb, fixed, o_max, first_token, done, runs, work):
     """Static (``window`` = inf) and dynamic batching in the serving model.
 
     A batch takes whole prompts in its first step (no budget), then one token per row per step;
     finished rows stay as padding (one token's compute, their whole KV read) until the batch
     ends. With a KV limit (``blocks`` >= 0) a batch takes the longest run of queue-head requests
-    whose reservations (ceil((prompt + o_max) / bt) - pb blocks each) fit, and a batch that
-    memory stops from growing counts as full. Parameters as :func:`.continuous.continuous`.
+    whose reservations (ceil((prompt + o_max) / bt) - pb blocks each, and a hybrid-attention
+    model's ``fixed`` ones) fit, and a batch that memory stops from growing counts as full.
+    Parameters as :func:`.serve.serve`.
 
     Returns
     -------
@@ -64,7 +65,7 @@ def batched(arrival, prompt, output, limit, window, k, blocks, bt, pb, o_max, fi
                 fit = 0
                 room = blocks - pb
                 while fit < waiting and fit < limit:
-                    need = cdiv(prompt[qhead + fit] + o_max, bt) - pb
+                    need = cdiv(prompt[qhead + fit] + o_max, bt) - pb + fixed
                     if need > room:
                         break
                     room -= need
@@ -79,7 +80,7 @@ def batched(arrival, prompt, output, limit, window, k, blocks, bt, pb, o_max, fi
                 if blocks >= 0:  # the prefix's blocks and every row's reservation
                     used = pb
                     for i in range(qhead, qhead + take):
-                        used += cdiv(prompt[i] + o_max, bt) - pb
+                        used += cdiv(prompt[i] + o_max, bt) - pb + fixed
                 batch_lo = qhead
                 batch_start = steps
                 qhead += take
