@@ -135,6 +135,15 @@ def oracle_engine(c: Config, prefill: bool = False) -> oracle_serving.Engine:
     fixed, full, page, row, window_pairs = hybrid(c, kv_gpu, e.tp)
     hybrid_model = bool(m.window_layers or m.linear_layers)
     share, read_share = (page / m.n_layers, full / m.n_layers) if hybrid_model else (1, 1)
+    index_pair_flops, index_flops = 0.0, None
+    if m.sparse_topk is not None:  # sparse attention: every token's indexer key read and scored, top-k latents
+        index = m.index_head_dim + 4 * math.ceil(m.index_head_dim / 128)  # attended (the latent whole on each GPU)
+        latent = m.kv_bytes_per_token / m.n_layers - index
+        read_share = index / (index + latent)
+        row += m.n_layers * m.sparse_topk * latent
+        window_pairs, full = m.n_layers * m.sparse_topk, 0
+        index_pair_flops = m.n_layers * 2 * m.index_heads * m.index_head_dim
+        index_flops = None if free else (hw.peak_tflops_fp8 or hw.peak_tflops) * 1e12 * cal.compute_efficiency
     cost = oracle_serving.StepCost(
         overhead_s=overhead, weight_bytes=m.weight_gb * 1e9,
         expert_bytes=m.moe_layers * m.experts * m.expert_gb * 1e9 if m.experts else 0.0,
@@ -144,7 +153,8 @@ def oracle_engine(c: Config, prefill: bool = False) -> oracle_serving.Engine:
         dtype_flops=None if free else peak * 1e12 * cal.compute_efficiency,
         bf16_flops=None if free else hw.peak_tflops * 1e12 * cal.compute_efficiency,
         n_layers=full, attn_dim=m.attn_dim or 0, hidden=m.hidden or 0, vocab=m.vocab,
-        comm_fixed_s=comm_fixed, comm_s_per_token=comm_token, row_gpu=row, window_pairs=window_pairs)
+        comm_fixed_s=comm_fixed, comm_s_per_token=comm_token, row_gpu=row, window_pairs=window_pairs,
+        index_pair_flops=index_pair_flops, index_flops=index_flops)
     gb = e.kv_cache_gb if e.kv_cache_gb is not None else (
         None if hw.mem_gb is None else e.tp * (hw.mem_gb * e.gpu_memory_utilization - e.reserved_gb) - m.weight_gb)
     # (a hybrid model's blocks span its full-attention groups' layers: ``share`` of every layer's KV)
@@ -231,7 +241,10 @@ def serving_configs(draw) -> Config:
     limit = max_batch if v["engine.max_concurrent"] is None else min(max_batch, v["engine.max_concurrent"])
     if draw(st.booleans()):
         v["engine.max_batched_tokens"] = draw(st.integers(limit, 400))
-    if draw(st.integers(0, 3)) == 0:  # hybrid attention: local (sliding or chunked) or linear-attention layers
+    if v["model.kv_lora_rank"] and draw(st.booleans()):  # DeepSeek's sparse attention over the latent cache
+        v.update({"model.sparse_topk": draw(st.integers(1, 300)), "model.index_heads": draw(st.sampled_from([8, 64])),
+                  "model.index_head_dim": draw(st.sampled_from([64, 128]))})
+    elif draw(st.integers(0, 3)) == 0:  # hybrid attention: local (sliding or chunked) or linear-attention layers
         kind = draw(st.sampled_from(["sliding", "chunked", "linear"]))
         if kind == "linear":
             v.update({"model.linear_layers": draw(st.integers(1, 31)),
@@ -368,7 +381,8 @@ def dp_oracle(c: Config) -> tuple[oracle_serving.Engine, "oracle_dp.RankCost"]:
         params_b=base.params_b, expert_params_b=m.moe_layers * m.experts_per_token * m.expert_gb / bytes_per,
         dtype_flops=base.dtype_flops, bf16_flops=base.bf16_flops, n_layers=base.n_layers, attn_dim=base.attn_dim,
         hidden=base.hidden, vocab=base.vocab, comm_fixed_s=comm_fixed, comm_s_per_token=comm_token,
-        row_gpu=base.row_gpu, window_pairs=base.window_pairs)
+        row_gpu=base.row_gpu, window_pairs=base.window_pairs, index_pair_flops=base.index_pair_flops,
+        index_flops=base.index_flops)
     if e.kv_cache_gb is None and hw.mem_gb is not None:  # the rank's memory after its weights
         gb = e.tp * (hw.mem_gb * e.gpu_memory_utilization - e.reserved_gb) - rank_gb
         blocks = math.floor(gb * 1e9 / (e.block_tokens * m.kv_bytes_per_token * share))

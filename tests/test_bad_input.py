@@ -279,9 +279,12 @@ for id, args, names in [
                    "model.window_tokens=128"], "model.n_layers"),
     ("shared-content", ["--set", "model.preset=gpt-oss-20b", "--set", "workload.prefix_tokens=100"],
      "model.window_layers"),
+    ("sparse-dense", ["--set", "model.sparse_topk=2048"], "model.sparse_topk"),
+    ("sparse-window", ["--set", "model.preset=deepseek-v3.2", "--set", "model.window_layers=4", "--set",
+                       "model.window_tokens=128"], "model.sparse_topk"),
 ]:
     case(f"hybrid-{id}", ["run", H100, "--set", "model.preset=null", "--set", "model.n_layers=32", *args, *SMALL]
-         if id not in ("shared-content",) else ["run", H100, *args, *SMALL], names)
+         if id not in ("shared-content", "sparse-window") else ["run", H100, *args, *SMALL], names)
 
 # --- config files
 for name in ["binary.yaml", "utf16.yaml", "latin1.yaml", "extends_utf16.yaml", "extends_binary.yaml",

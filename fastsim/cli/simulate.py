@@ -166,14 +166,17 @@ def presets() -> None:
         with warnings.catch_warnings():  # a listing imports every model: its notices are for a run
             warnings.simplefilter("ignore", Approximation)
             shape = model_shape(path)
-        kv = shape.fields()["kv_bytes_per_token"]
+        kv = shape.fields()["kv_bytes_per_token"] * shape.full_layers / shape.n_layers  # (its full layers')
         moe = f"{shape.experts_per_token}/{shape.experts}" if shape.experts else "-"
+        held = (f"{shape.window_layers} x {shape.window_tokens:,} {shape.window_kind}" if shape.window_layers else
+                f"{shape.linear_layers} linear" if shape.linear_layers else "-")
         rows.append([name, shape.family, f"{shape.total / 1e9:.1f}", f"{shape.active_with_head / 1e9:.1f}", moe,
-                     shape.dtype, f"{kv:,.0f}"])
+                     shape.dtype, f"{kv:,.0f}", held])
     print_table(
         "model.preset (parameters in billions: stored, and active per token with the LM head; experts: picked of "
-        "routed; KV cache bytes per token at the preset's KV dtype)",
-        ["preset", "architecture", "total", "active", "experts", "dtype", "kv_bytes"],
+        "routed; KV cache bytes per token at the preset's KV dtype, in the full-attention layers; local layers: "
+        "how many hold a window (or a chunk) of how many tokens, or linear-attention layers a state)",
+        ["preset", "architecture", "total", "active", "experts", "dtype", "kv_bytes", "local"],
         rows,
         left=2,
     )

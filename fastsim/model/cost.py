@@ -19,7 +19,8 @@ parallelism (expert parallelism: a MoE layer's second becomes a dispatch and a c
 A hybrid-attention model (:mod:`.kv_groups`) reads C and forms A in its full-attention layers
 only; each sampled row reads a window's KV in each local layer and its state (read and written)
 in each linear-attention layer (``t_row``), and each token computed forms a window's pairs in
-each local layer (in ``t_token``).
+each local layer (in ``t_token``). Sparse attention (:func:`_sparse`) reads C's indexer keys and
+scores A's pairs in its indexer, and reads and attends to top-k latents per row and token.
 
 With attention data parallelism (``engine.dp`` ranks of tp GPUs, experts over all dp x tp of
 them) the ranks step in lock-step: each rank's GPUs read their own dense weights, their share
@@ -91,6 +92,8 @@ def coefficients(config: Config) -> np.ndarray:
                 k[T_TOKEN] += 4 * m.window_layers * m.attn_dim * kv_groups.reach(m.window_tokens, m.window_kind) / flops
         if m.vocab is not None:  # the LM head, where a token is sampled
             k[T_SAMPLE] = 2 * m.hidden * m.vocab / flops
+    if m.sparse_topk is not None:
+        _sparse(config, k, bandwidth)
     span = domains(config)
     if e.tp > 1 and span > 1:  # over several scale-up domains: hierarchical collectives
         g = e.tp // span  # GPUs of the group in each domain
@@ -118,6 +121,25 @@ def coefficients(config: Config) -> np.ndarray:
     if e.dp > 1:
         _data_parallel(config, k)
     return k
+
+
+def _sparse(config: Config, k: np.ndarray, bandwidth: float) -> None:
+    """``k`` for DeepSeek's sparse attention: every layer holds each token's latent and indexer
+    key, but a query attends to ``sparse_topk`` latents only. A step reads every token's key
+    (``T_KV``'s share of the bytes) and scores each query-key pair in the indexer (2 index_heads
+    index_head_dim FLOPs, at the FP8 peak where the GPU has one: ``T_PAIR``); each sampled row
+    reads top-k latents (``T_ROW``), each token computed forms top-k pairs of attention
+    (``T_TOKEN``)."""
+    hw, m, e, cal = config.hardware, config.model, config.engine, config.calibration
+    index = m.index_head_dim + 4 * -(-m.index_head_dim // 128)  # fp8 and a 4-byte scale per 128 values
+    latent = m.kv_bytes_per_token / m.n_layers - index  # one layer's latent of a token
+    k[T_KV] *= index / (index + latent)
+    k[T_ROW] += m.n_layers * m.sparse_topk * latent / (bandwidth / e.tp)  # (the latent is whole on every GPU)
+    if k[T_PAIR]:
+        peak = hw.peak_tflops_fp8 if hw.peak_tflops_fp8 is not None else hw.peak_tflops
+        k[T_PAIR] = m.n_layers * 2 * m.index_heads * m.index_head_dim / (peak * 1e12 * cal.compute_efficiency * e.tp)
+        k[T_TOKEN] += 4 * m.n_layers * m.attn_dim * m.sparse_topk / (hw.peak_tflops * 1e12 * cal.compute_efficiency
+                                                                      * e.tp)
 
 
 def _data_parallel(config: Config, k: np.ndarray) -> None:
@@ -168,7 +190,7 @@ COEFFICIENT_KEYS = {
     UNPICKED: "model.experts_per_token, model.experts",
     T_EXPERT_TOKEN: "model.expert_gb, model.experts_per_token, hardware.peak_tflops",
     RANKS: "engine.dp",
-    T_ROW: "model.window_tokens, model.linear_state_bytes, hardware.mem_bandwidth_tb_s",
+    T_ROW: "model.window_tokens, model.linear_state_bytes, model.sparse_topk, hardware.mem_bandwidth_tb_s",
 }
 
 

@@ -125,6 +125,13 @@ class Model(_Preset):
         "linear-attention layers: a fixed state per running request in place of KV (0: none)", "layers"))
     linear_state_bytes: float = Field(0.0, ge=0, **Finite, **doc(
         "one request's state in one linear-attention layer, every head", "bytes"))
+    sparse_topk: Int | None = Field(None, ge=1, **doc(
+        "sparse attention (DeepSeek's, with multi-head latent attention): the tokens each query attends in every "
+        "layer, which an indexer picks from all of them (null: dense attention)", "tokens"))
+    index_heads: Int = Field(0, ge=0, **doc("the sparse-attention indexer's query heads"))
+    index_head_dim: Int = Field(0, ge=0, **doc(
+        "the indexer's key per token and layer (held in fp8 with a 4-byte scale per 128 values, inside "
+        "model.kv_bytes_per_token)"))
 
     @field_validator("config_json")
     @classmethod
@@ -164,6 +171,13 @@ class Model(_Preset):
                              f"({self.weight_gb:g})")
         if self.window_layers or self.linear_layers:
             self._check_hybrid()
+        if self.sparse_topk is not None and not (self.kv_lora_rank and self.index_heads and self.index_head_dim
+                                                 and self.n_layers):
+            raise ValueError("model.sparse_topk needs model.kv_lora_rank, model.index_heads, model.index_head_dim and "
+                             "model.n_layers (DeepSeek's sparse attention over a latent cache)")
+        if self.sparse_topk is not None and (self.window_layers or self.linear_layers):
+            raise ValueError("model.sparse_topk: sparse attention in every layer, not with model.window_layers or "
+                             "model.linear_layers")
         if self.vocab is not None and self.hidden is None:
             raise ValueError("model.vocab needs model.hidden (the LM head is hidden x vocab)")
 

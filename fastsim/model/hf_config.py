@@ -56,7 +56,9 @@ class Shape:
     dtype: str = "bf16"  # from the quantization config
     kv_dtype: str = "bf16"
     kept: int = 0  # of ``linear``, the weights the checkpoint leaves bf16 (its quantization's ignore list)
-    index_head_dim: int = 0  # DeepSeek sparse attention: the indexer's key per token and layer (0: none)
+    index_head_dim: int = 0  # DeepSeek sparse attention: the indexer's key per token and layer (0: none),
+    index_heads: int = 0  # its query heads, and the tokens each query attends
+    index_topk: int = 0
     window_layers: int = 0  # local attention (:mod:`.kv_groups`): layers, their window or chunk, which
     window_tokens: int | None = None
     window_kind: str = "sliding"
@@ -100,6 +102,7 @@ class Shape:
             expert_gb=self.expert * WEIGHT_BYTES[dtype] / 1e9,
             window_layers=self.window_layers, window_tokens=self.window_tokens, window_kind=self.window_kind,
             linear_layers=self.linear_layers, linear_state_bytes=float(self.linear_state),
+            sparse_topk=self.index_topk or None, index_heads=self.index_heads, index_head_dim=self.index_head_dim,
         )
 
     @property
@@ -318,15 +321,11 @@ def _left_bf16(ignored: tuple[str, ...]) -> tuple[bool, bool, bool, bool]:
 
 
 def _notices(r: _Reader, name: str, local: int) -> tuple[str, ...]:
-    """What the import approximates: a model local in every layer, and sparse attention, are
-    taken as full attention."""
+    """What the import approximates: a model local in every layer is taken as full attention."""
     notices = []
     if not local and r.get("sliding_window") and r.get("use_sliding_window", True) is not False:
         notices.append(f"{name}: sliding-window attention in every layer ({r.get('sliding_window')} tokens) imported "
                        "as full attention (KV cache and attention cost overstated for long contexts)")
-    if r.get("index_topk"):
-        notices.append(f"{name}: sparse attention (top {r.get('index_topk')} tokens) imported as full attention "
-                       "(it holds every token's KV; its attention cost is overstated for long contexts)")
     return tuple(notices)
 
 
@@ -400,6 +399,8 @@ def read(path: str) -> Shape:
     return Shape(architecture, n, hidden, heads, kv, hd, vocab, linear, plain, active, lora, rope, experts, k,
                  moe_layers, expert, dtype, kv_dtype, kept=kept,
                  index_head_dim=r.int("index_head_dim", 0) if r.get("index_topk") else 0,
+                 index_heads=r.int("index_n_heads", 0) if r.get("index_topk") else 0,
+                 index_topk=r.int("index_topk", 0),
                  window_layers=local, window_tokens=window, window_kind=kind, linear_layers=n - sum(full),
                  linear_state=_linear_state(r) if not all(full) else 0, notices=notices)
 

@@ -26,7 +26,7 @@ from .test_prefix import agree
 def hybrid(draw, base):
     """A config of ``base`` whose model has local (sliding or chunked) or linear-attention layers,
     its KV cache (when limited) resized to just fit the longest request and its fixed blocks."""
-    config = draw(base)
+    config = draw(base).with_values({"model.sparse_topk": None})
     kind = draw(st.sampled_from(["sliding", "chunked", "linear"]))
     if kind == "linear":
         v = {"model.window_layers": 0, "model.linear_layers": draw(st.integers(1, 31)),
@@ -126,3 +126,17 @@ def test_a_preempted_request_of_a_window_model_finds_its_blocks_all_or_none():
     traffic = generate(config.workload)
     assert fleet.run(config, traffic).preemptions > 0
     agree(config, traffic)  # the prefix oracle's blocks, window blocks among them
+
+
+def test_sparse_attention_decodes_long_contexts_at_top_k_cost():
+    """DeepSeek-V3.2 on 8 H200s: a decode step at 128k tokens of context reads every token's
+    indexer key but attends to 2,048 latents, so it costs a small part of dense attention's."""
+    config = Config().with_values({"model.preset": "deepseek-v3.2", "hardware.preset": "h200", "engine.tp": 8})
+    dense = config.with_values({"model.sparse_topk": None})
+    sparse_k, dense_k = cost.coefficients(config), cost.coefficients(dense)
+
+    def step(k, context):  # 64 decoders
+        return cost.step_time(k, 64, 64 * context, 64 * context, 64)
+    assert step(sparse_k, 128_000) < 0.3 * step(dense_k, 128_000)
+    assert step(sparse_k, 2048) == pytest.approx(step(dense_k, 2048), rel=0.05)  # top-k covers the context
+    assert cost.kv_blocks(config) == cost.kv_blocks(dense)  # every token's KV held either way

@@ -39,7 +39,8 @@ def test_contract_keys_all_exist():
     fleet.prefix_weight engine.async_scheduling workload.warmup workload.concurrency workload.ramp_s
     workload.think_s workload.prompt.range_ratio workload.output.range_ratio calibration.moe_layer_overhead_us
     hardware.scaleup_gpus hardware.scaleout_gb_s hardware.scaleout_latency_us engine.dp
-    model.window_layers model.window_tokens model.window_kind model.linear_layers model.linear_state_bytes""".split()
+    model.window_layers model.window_tokens model.window_kind model.linear_layers model.linear_state_bytes
+    model.sparse_topk model.index_heads model.index_head_dim""".split()
     assert sorted(contract) == sorted(LEAF_KEYS)
 
 

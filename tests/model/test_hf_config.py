@@ -137,8 +137,7 @@ def test_sparse_attention_keeps_its_indexer_keys():
         1536 * 64 * 128 + 7168 * 128 + 7168 * 64 + 2 * 128)
 
 
-@pytest.mark.parametrize("name, what", [("mistral-7b", "sliding-window attention in every layer (4096 tokens)"),
-                                        ("deepseek-v3.2", "sparse attention"), ("glm-5", "sparse attention")])
+@pytest.mark.parametrize("name, what", [("mistral-7b", "sliding-window attention in every layer (4096 tokens)")])
 def test_what_is_not_full_attention_is_said_once_on_stderr(tmp_path, root, name, what):
     folder = tmp_path / name  # a copy: the notice comes with a file's first import in a process
     folder.mkdir()
@@ -171,6 +170,14 @@ def test_hybrid_attention_imports_its_layer_kinds_without_a_notice(name, window,
     got = hf_config.read(MODELS[name]).fields()
     assert (got["window_layers"], got["window_tokens"], got["window_kind"]) == (window, tokens, kind)
     assert (got["linear_layers"], got["linear_state_bytes"]) == (linear, state)
+
+
+@pytest.mark.parametrize("name, heads", [("deepseek-v3.2", 64), ("glm-5", 32)])
+def test_sparse_attention_imports_its_indexer_and_top_k(name, heads):
+    shape = hf_config.read(MODELS[name])
+    assert not shape.notices
+    got = shape.fields()
+    assert (got["sparse_topk"], got["index_heads"], got["index_head_dim"]) == (2048, heads, 128)
 
 
 def test_an_unknown_architecture_names_the_file_and_the_supported_ones(tmp_path, root):

@@ -48,6 +48,8 @@ class RankCost:
     comm_s_per_token: float  # and their transfer time per token of the rank
     row_gpu: float = 0.0  # hybrid attention: bytes one GPU reads per sampled row (windows, states read and written)
     window_pairs: float = 0.0  # ... and query-key pairs per computed token over the local layers
+    index_pair_flops: float = 0.0  # sparse attention: its indexer's FLOPs per query-key pair, every layer,
+    index_flops: float | None = None  # at one GPU's achieved FLOP/s for it
 
     def rank(self, n_all, N, C, A, S):
         unread = self.expert_bytes * (1 - self.k_over_e) ** n_all if self.expert_bytes else 0.0
@@ -60,6 +62,8 @@ class RankCost:
             t_cmp += (2 * self.hidden * self.vocab * S if self.vocab else 0) / self.tp / self.bf16_flops
             t_cmp += 4 * self.n_layers * self.attn_dim * A / self.tp / self.bf16_flops
             t_cmp += 4 * self.attn_dim * self.window_pairs * N / self.tp / self.bf16_flops
+            if self.index_pair_flops:
+                t_cmp += self.index_pair_flops * A / self.tp / self.index_flops
         return max(t_mem, t_cmp) + self.comm_fixed_s + self.comm_s_per_token * N
 
     def step(self, stats):
