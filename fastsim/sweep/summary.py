@@ -103,6 +103,8 @@ def describe(config: Config, n_requests: int) -> str:
         held += [f"{m.linear_layers} linear-attention layers' states"] if m.linear_layers else []
         kv += f" of full attention + {fixed_blocks(config)} blocks a request for " if blocks is not None else " for "
         kv += " and ".join(held)
+    if m.sparse_topk is not None:
+        kv += f", sparse attention (top {m.sparse_topk:,} tokens)"
     budget = "" if e.max_batched_tokens is None else f", budget {e.max_batched_tokens:,} tokens"
     ranks = f" on each of {e.dp} ranks" if e.dp > 1 else ""
     engine = f"{e.policy} batching{ranks}, max_batch {e.max_batch}, limit {e.limit}{budget}, {kv}"
