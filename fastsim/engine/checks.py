@@ -21,7 +21,7 @@ from ..model import fleet
 from ..model.cost import COEFFICIENT_KEYS, UNPICKED, coefficients, fixed_blocks, kv_blocks, kv_capacity_gb
 from ..model.routers import ROUTERS
 from ..model.schema import Config, ConfigError
-from . import trace
+from . import paths, trace
 
 
 
@@ -199,9 +199,7 @@ def _prefix_cache(config: Config) -> None:
     if f.router == "prefix_aware" and not e.prefix_caching:
         raise ConfigError("fleet.router: prefix_aware needs engine.prefix_caching: true (it routes by cached blocks)")
     m = config.model
-    shares = (w.sessions is not None or sp is not None
-              or fleet.prefix_cache(config) and (bool(w.prefix_tokens) or w.trace is not None))
-    if (m.window_layers or m.linear_layers) and cached and shares:
+    if m.hybrid and cached and paths.shares(config):
         kinds = " and ".join(k for k, n in (("model.window_layers", m.window_layers),
                                             ("model.linear_layers", m.linear_layers)) if n)
         raise ConfigError(f"{kinds}: a hybrid-attention model under a prefix cache over shared content (system "

@@ -46,6 +46,14 @@ def uncached(router: str) -> str:
     return "least_kv" if router == "prefix_aware" else router
 
 
+def shares(config: Config) -> bool:
+    """Whether the config's requests share content, as its workload says: system prompts,
+    sessions, or under a prefix cache a shared prefix or a trace (which counts as sharing)."""
+    w = config.workload
+    return (w.sessions is not None or w.system_prompts is not None
+            or (pools.prefix_cache(config) and (bool(w.prefix_tokens) or w.trace is not None)))
+
+
 def of(config: Config, shared: bool | None = None, tree: bool = True, closed: bool | None = None) -> Path:
     """The path of ``config``. ``shared``: whether its requests share content (the traffic's
     :attr:`~.traffic.Traffic.content` is set); None: as the config says, a trace counting as
@@ -57,8 +65,7 @@ def of(config: Config, shared: bool | None = None, tree: bool = True, closed: bo
     kind = pools.kind(config)
     closed = (w.sessions is not None or w.concurrency is not None) if closed is None else closed
     if shared is None:
-        shared = (w.sessions is not None or w.system_prompts is not None
-                  or (pools.prefix_cache(config) and (bool(w.prefix_tokens) or w.trace is not None)))
+        shared = shares(config)
         tree = tree and w.trace is None
     held = RUNS if tree else BLOCKS
     router = uncached(f.router)

@@ -80,7 +80,7 @@ def coefficients(config: Config) -> np.ndarray:
     # each GPU reads the KV of the heads it holds (:func:`kv_bytes_per_gpu`)
     k[T_KV] = m.kv_bytes_per_token / bandwidth if not replicated(config) else kv_bytes_per_gpu(config) / (bandwidth / e.tp)
     k[T_KV] *= _full_share(config)  # (1.0 but for a hybrid-attention model: its full-attention layers')
-    if m.window_layers or m.linear_layers:  # a sampled row's window of KV in each local layer, its state (read
+    if m.hybrid:  # a sampled row's window of KV in each local layer, its state (read
         # and written) in each linear one
         k[T_ROW] = row_bytes_per_gpu(config) / (bandwidth / e.tp)
     if hw.peak_tflops is not None and m.params_b is not None:
@@ -358,7 +358,7 @@ def prefix_blocks(config: Config) -> int:
 def _full_share(config: Config) -> float:
     """The share of ``model.kv_bytes_per_token`` (every layer's) the full-attention layers hold."""
     m = config.model
-    if not (m.window_layers or m.linear_layers):
+    if not m.hybrid:
         return 1.0
     return (m.n_layers - m.window_layers - m.linear_layers) / m.n_layers
 
@@ -367,7 +367,7 @@ def _padding(config: Config) -> float:
     """The share of ``model.kv_bytes_per_token`` one block's tokens span: the full-attention
     layers', with the padding of vLLM's groups (1 for a model without local or linear layers)."""
     m = config.model
-    if not (m.window_layers or m.linear_layers):
+    if not m.hybrid:
         return 1.0
     return kv_groups.page_layers(m.n_layers, m.window_layers, m.linear_layers) / m.n_layers
 
@@ -391,7 +391,7 @@ def fixed_blocks(config: Config) -> int:
     """Blocks a running request of a hybrid-attention model holds beyond those its tokens fill
     (:func:`fastsim.model.kv_groups.fixed_blocks`; 0 for any other model, or without KV bytes)."""
     m, e = config.model, config.engine
-    if not (m.window_layers or m.linear_layers) or m.kv_bytes_per_token == 0:
+    if not m.hybrid or m.kv_bytes_per_token == 0:
         return 0
     return kv_groups.fixed_blocks(m.n_layers, m.window_layers, m.window_tokens or 0, m.window_kind, m.linear_layers,
                                   m.linear_state_bytes / e.tp, _layer_bytes_per_gpu(config) * e.block_tokens,
@@ -403,7 +403,7 @@ def prompt_kv_bytes(config: Config, prompt: np.ndarray) -> np.ndarray:
     ``model.kv_bytes_per_token``; a hybrid-attention model's full-attention layers' share of it,
     the window's last tokens in each local layer and a state in each linear-attention layer."""
     m = config.model
-    if not (m.window_layers or m.linear_layers):
+    if not m.hybrid:
         return prompt * m.kv_bytes_per_token
     layer = m.kv_bytes_per_token / m.n_layers
     window = m.window_layers * layer * np.minimum(prompt, m.window_tokens) if m.window_layers else 0.0

@@ -169,17 +169,22 @@ class Model(_Preset):
             raise ValueError(f"the routed experts (model.moe_layers x model.experts x model.expert_gb = "
                              f"{self.moe_layers * self.experts * self.expert_gb:g} GB) exceed model.weight_gb "
                              f"({self.weight_gb:g})")
-        if self.window_layers or self.linear_layers:
+        if self.hybrid:
             self._check_hybrid()
         if self.sparse_topk is not None and not (self.kv_lora_rank and self.index_heads and self.index_head_dim
                                                  and self.n_layers):
             raise ValueError("model.sparse_topk needs model.kv_lora_rank, model.index_heads, model.index_head_dim and "
                              "model.n_layers (DeepSeek's sparse attention over a latent cache)")
-        if self.sparse_topk is not None and (self.window_layers or self.linear_layers):
+        if self.sparse_topk is not None and self.hybrid:
             raise ValueError("model.sparse_topk: sparse attention in every layer, not with model.window_layers or "
                              "model.linear_layers")
         if self.vocab is not None and self.hidden is None:
             raise ValueError("model.vocab needs model.hidden (the LM head is hidden x vocab)")
+
+    @property
+    def hybrid(self) -> bool:
+        """Whether some layers hold less than full attention's KV (local or linear-attention layers)."""
+        return bool(self.window_layers or self.linear_layers)
 
     def _check_hybrid(self) -> None:
         """Local and linear-attention layers: counted within the layers, with what they hold."""

@@ -98,7 +98,7 @@ def describe(config: Config, n_requests: int) -> str:
     gpu = h.preset or f"a {h.mem_bandwidth_tb_s:g} TB/s GPU"
     blocks = kv_blocks(config)
     kv = "KV unlimited" if blocks is None else f"KV {blocks * e.block_tokens:,} tokens"
-    if m.window_layers or m.linear_layers:  # hybrid attention: what a request holds beyond its tokens
+    if m.hybrid:  # hybrid attention: what a request holds beyond its tokens
         held = [f"{m.window_layers} layers' {m.window_tokens:,}-token {m.window_kind} windows"] if m.window_layers else []
         held += [f"{m.linear_layers} linear-attention layers' states"] if m.linear_layers else []
         kv += f" of full attention + {fixed_blocks(config)} blocks a request for " if blocks is not None else " for "
