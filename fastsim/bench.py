@@ -57,8 +57,11 @@ def _check(config: Config, out: kernels.Outcome, output: np.ndarray, arrival: np
         raise BenchCheckFailed(f"{where}: some requests never finished")
     if not ((arrival <= out.first_token_s) & (out.first_token_s <= out.done_s)).all():
         raise BenchCheckFailed(f"{where}: a request finished before it started")
-    if out.busy_slot_steps != int(output.sum()):
+    if out.spec_counts is None and out.busy_slot_steps != int(output.sum()):
         raise BenchCheckFailed(f"{where}: busy slot-steps != output tokens")
+    # speculation: a slot-step per verification and per prefill that emits (at least one a request)
+    if out.spec_counts is not None and not (out.spec_counts.sum() + output.size <= out.busy_slot_steps <= output.sum()):
+        raise BenchCheckFailed(f"{where}: busy slot-steps are not one a verification and one a prefill")
 
 
 def _best_of(repeats: int, fn):
@@ -100,6 +103,10 @@ MOE_DP = ("moe, dp 4 (qwen3-30b-a3b)", {"model.preset": "qwen3-30b-a3b", "engine
                                         "engine.expert_parallel": True}, 96.0)
 # A hybrid-attention model on one H100: gpt-oss-120b, half its layers a 128-token sliding window.
 HYBRID = ("hybrid KV (gpt-oss-120b)", {"model.preset": "gpt-oss-120b"}, 8.0)
+# Speculative decoding: DeepSeek-R1 on 8 H200s (tp 8), its MTP layer proposing 2 tokens a step at acceptance 0.8.
+SPECULATIVE = ("speculative, mtp 2 (deepseek-r1, 8 x h200)", {
+    "model.preset": "deepseek-r1", "hardware.preset": "h200", "engine.tp": 8,
+    "engine.speculative": {"method": "mtp", "tokens": 2, "acceptance": 0.8}}, 24.0)
 # Fleets of it: 8 GPUs at 12 requests/s each, as 8 replicas behind two routers or as 2 prefill + 6 decode.
 # Chat sessions with vLLM's prefix cache on the same engine and workload: 8 system prompts of 500
 # tokens, sessions of 2-10 turns (each re-sending the conversation and a new 1,000-token message),
@@ -186,7 +193,7 @@ def bench(
     for rate in serving_rates:
         config = Config().with_values({**SERVING, "workload.rate": rate, "workload.n_requests": n_requests})
         _case("serving (h100)", config, repeats, n_requests, rows, cache)
-    for model, values, rate in (MOE, MOE_DP, HYBRID, SESSIONS, CLOSED):
+    for model, values, rate in (MOE, MOE_DP, HYBRID, SPECULATIVE, SESSIONS, CLOSED):
         _case(model, Config().with_values({**SERVING, **values, "workload.rate": rate,
                                            "workload.n_requests": n_requests}), repeats, n_requests, rows, cache)
     if fleets:

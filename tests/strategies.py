@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from fastsim import Config
 from fastsim.engine.kernels import Scratch
 from fastsim.model.schema import Hardware
+from fastsim.model.speculative import draft_kv_share
 
 from .oracles import dp as oracle_dp
 from .oracles import fleet as oracle_fleet
@@ -81,8 +82,11 @@ def sized(c: Config, tokens: int) -> Config:
     kv_gpu = kv_per_gpu(c, e.tp)
     fixed, _, page, _, _ = hybrid(c, kv_gpu, e.tp)
     n = m.n_layers or 1
+    if e.speculative is not None:  # its last verification's slots beyond its last token
+        tokens += max(e.speculative.span - 2, 0)
     blocks = -(-tokens // e.block_tokens) + fixed
-    return c.with_values({"engine.kv_cache_gb": blocks * e.block_tokens * e.tp * kv_gpu * (page / n if fixed else 1)
+    share = (page / n if fixed else 1) + draft_kv_share(e.speculative, m)  # (a draft's layers' KV too)
+    return c.with_values({"engine.kv_cache_gb": blocks * e.block_tokens * e.tp * kv_gpu * share
                           / 1e9 * (1 + 1e-12)})
 
 
@@ -134,7 +138,7 @@ def oracle_engine(c: Config, prefill: bool = False) -> oracle_serving.Engine:
             comm_token = 2 * m.n_layers * all_reduce
     fixed, full, page, row, window_pairs = hybrid(c, kv_gpu, e.tp)
     hybrid_model = bool(m.window_layers or m.linear_layers)
-    share, read_share = (page / m.n_layers, full / m.n_layers) if hybrid_model else (1, 1)
+    share, read_share = (page / m.n_layers, full / m.n_layers) if hybrid_model else (1.0, 1)
     index_pair_flops, index_flops = 0.0, None
     if m.sparse_topk is not None:  # sparse attention: every token's indexer key read and scored, top-k latents
         index = m.index_head_dim + 4 * math.ceil(m.index_head_dim / 128)  # attended (the latent whole on each GPU)
@@ -155,13 +159,31 @@ def oracle_engine(c: Config, prefill: bool = False) -> oracle_serving.Engine:
         n_layers=full, attn_dim=m.attn_dim or 0, hidden=m.hidden or 0, vocab=m.vocab,
         comm_fixed_s=comm_fixed, comm_s_per_token=comm_token, row_gpu=row, window_pairs=window_pairs,
         index_pair_flops=index_pair_flops, index_flops=index_flops)
+    spec = e.speculative
+    draft_weights = draft_kv = 0.0
+    if spec is not None:  # k draft passes, each one layer of the model (mtp, eagle) or a draft model's share
+        if spec.method in ("mtp", "eagle"):
+            layers = spec.draft_layers or (m.mtp_layers if spec.method == "mtp" else 1)
+            pass_share = draft_kv = layers / m.n_layers
+            draft_weights = m.weight_gb * pass_share
+        elif spec.method == "draft":
+            from fastsim.model import hf_config, presets
+            shape = hf_config.read(presets.MODELS.get(spec.draft_model, spec.draft_model))
+            pass_share = shape.active / (m.params_b * 1e9)
+            fields = shape.fields()
+            draft_weights, draft_kv = fields["weight_gb"], fields["kv_bytes_per_token"] / m.kv_bytes_per_token
+        else:
+            pass_share = 0.0
+        cost = dataclasses.replace(cost, draft_scale=1 + spec.tokens * pass_share, fixed_s=cal.step_overhead_ms / 1e3)
+    share += draft_kv  # (a draft's layers hold KV too)
+    weights = m.weight_gb + draft_weights
     gb = e.kv_cache_gb if e.kv_cache_gb is not None else (
-        None if hw.mem_gb is None else e.tp * (hw.mem_gb * e.gpu_memory_utilization - e.reserved_gb) - m.weight_gb)
+        None if hw.mem_gb is None else e.tp * (hw.mem_gb * e.gpu_memory_utilization - e.reserved_gb) - weights)
     # (a hybrid model's blocks span its full-attention groups' layers: ``share`` of every layer's KV)
     blocks = None if gb is None else math.floor(gb * 1e9 / (e.block_tokens * m.kv_bytes_per_token * share))
     if (m.kv_heads is not None or mla) and gb is not None:  # heads known: tokens one GPU holds, then whole blocks
         tokens = e.kv_cache_gb * 1e9 / (e.tp * kv_gpu * share) if e.kv_cache_gb is not None else (
-            (hw.mem_gb * e.gpu_memory_utilization - e.reserved_gb - m.weight_gb / e.tp) * 1e9 / (kv_gpu * share))
+            (hw.mem_gb * e.gpu_memory_utilization - e.reserved_gb - weights / e.tp) * 1e9 / (kv_gpu * share))
         blocks = math.floor(math.floor(tokens) / e.block_tokens)
     return oracle_serving.Engine(
         policy=e.policy, limit=e.limit, window_s=e.window_ms / 1000 if e.policy == "dynamic" else math.inf,
@@ -171,6 +193,8 @@ def oracle_engine(c: Config, prefill: bool = False) -> oracle_serving.Engine:
         max_output=1 if prefill else (w.output.value if w.output.dist == "fixed" else w.output.max), cost=cost,
         api_s=cal.api_overhead_ms / 1000, lookahead=e.async_scheduling and e.policy == "continuous",
         fixed_blocks=fixed if blocks is not None else 0,
+        **(dict(spec_tokens=spec.tokens, spec_span=1 + spec.tokens + (spec.tokens if spec.method != "ngram" else 0),
+                spec_accept=tuple(spec.per_position()), spec_seed=oracle_serving.spec_seed(w.seed)) if spec else {}),
     )
 
 
@@ -252,6 +276,16 @@ def serving_configs(draw) -> Config:
         else:
             v.update({"model.window_layers": draw(st.integers(1, 31)), "model.window_tokens": draw(st.integers(1, 64)),
                       "model.window_kind": kind})
+    if draw(st.integers(0, 3)) == 0:  # speculative decoding (continuous batching, paged KV, a budget for it)
+        k = draw(st.integers(1, 4))
+        v.update({"engine.policy": "continuous", "engine.kv_alloc": "paged", "engine.speculative": {
+            "method": draw(st.sampled_from(["mtp", "eagle", "ngram"])), "tokens": k,
+            "acceptance": draw(st.sampled_from([0.0, 1.0, 0.7]) | st.lists(st.sampled_from([0.3, 0.9, 1.0]),
+                                                                              min_size=1, max_size=k))}})
+        if v["engine.speculative"]["method"] == "mtp":
+            v["engine.speculative"]["draft_layers"] = draw(st.integers(1, 2))
+        if "engine.max_batched_tokens" in v:
+            v["engine.max_batched_tokens"] = max(v["engine.max_batched_tokens"], limit * (1 + k))
     if draw(st.booleans()):
         shortest = v.get("workload.prompt.min", prompt) if v.get("workload.prompt.dist", "fixed") != "fixed" else prompt
         v["workload.prefix_tokens"] = draw(st.integers(0, max(0, shortest - 1)))
@@ -382,7 +416,11 @@ def dp_oracle(c: Config) -> tuple[oracle_serving.Engine, "oracle_dp.RankCost"]:
         dtype_flops=base.dtype_flops, bf16_flops=base.bf16_flops, n_layers=base.n_layers, attn_dim=base.attn_dim,
         hidden=base.hidden, vocab=base.vocab, comm_fixed_s=comm_fixed, comm_s_per_token=comm_token,
         row_gpu=base.row_gpu, window_pairs=base.window_pairs, index_pair_flops=base.index_pair_flops,
-        index_flops=base.index_flops)
+        index_flops=base.index_flops, draft_scale=base.draft_scale, fixed_s=base.fixed_s)
+    if e.speculative is not None:  # a draft's layers: their weights on every rank, their KV in each block
+        layers = e.speculative.draft_layers or (m.mtp_layers if e.speculative.method == "mtp" else 1)
+        share += layers / m.n_layers if e.speculative.method in ("mtp", "eagle") else 0.0
+        rank_gb += m.weight_gb * layers / m.n_layers if e.speculative.method in ("mtp", "eagle") else 0.0
     if e.kv_cache_gb is None and hw.mem_gb is not None:  # the rank's memory after its weights
         gb = e.tp * (hw.mem_gb * e.gpu_memory_utilization - e.reserved_gb) - rank_gb
         blocks = math.floor(gb * 1e9 / (e.block_tokens * m.kv_bytes_per_token * share))

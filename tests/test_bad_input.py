@@ -286,6 +286,39 @@ for id, args, names in [
     case(f"hybrid-{id}", ["run", H100, "--set", "model.preset=null", "--set", "model.n_layers=32", *args, *SMALL]
          if id not in ("shared-content", "sparse-window") else ["run", H100, *args, *SMALL], names)
 
+# speculative decoding: a draft that cannot be, or an engine that cannot verify it
+R1 = ["--set", "model.preset=deepseek-r1", "--set", "hardware.preset=h200", "--set", "engine.tp=8"]
+
+
+def speculative(**keys) -> list[str]:
+    return [a for k, v in keys.items() for a in ("--set", f"engine.speculative.{k}={v}")]
+
+
+for id, spec, more, names in [
+    ("no-tokens", speculative(method="mtp", tokens=0, acceptance=0.7), R1, "engine.speculative.tokens"),
+    ("above-one", speculative(method="mtp", tokens=2, acceptance=1.5), R1, "engine.speculative.acceptance"),
+    ("negative", speculative(method="mtp", tokens=2, acceptance="[0.8, -0.1]"), R1, "engine.speculative.acceptance"),
+    ("too-long", speculative(method="mtp", tokens=2, acceptance="[0.9, 0.8, 0.7]"), R1, "engine.speculative.tokens"),
+    ("no-method", speculative(tokens=2, acceptance=0.7), R1, "engine.speculative.method"),
+    ("method", speculative(method="medusa", tokens=2, acceptance=0.7), R1, "engine.speculative.method"),
+    ("no-mtp", speculative(method="mtp", tokens=2, acceptance=0.7), [], "model.mtp_layers"),
+    ("larger-draft", speculative(method="draft", tokens=2, acceptance=0.7, draft_model="llama-3.1-70b"), [],
+     "engine.speculative.draft_model"),
+    ("unknown-draft", speculative(method="draft", tokens=2, acceptance=0.7, draft_model="llama-9"), [],
+     "engine.speculative.draft_model"),
+    ("draft-without-model", speculative(method="draft", tokens=2, acceptance=0.7), [],
+     "engine.speculative.draft_model"),
+    ("static", speculative(method="ngram", tokens=2, acceptance=0.7), ["--set", "engine.policy=static"],
+     "engine.policy"),
+    ("reserve", speculative(method="ngram", tokens=2, acceptance=0.7),
+     ["--set", "engine.kv_alloc=reserve", "--set", "engine.prefix_caching=false"], "engine.kv_alloc"),
+    ("budget", speculative(method="ngram", tokens=3, acceptance=0.7), ["--set", "engine.max_batched_tokens=512"],
+     "engine.max_batched_tokens"),
+    ("shared", speculative(method="ngram", tokens=2, acceptance=0.7), ["--set", "workload.prefix_tokens=100"],
+     "engine.prefix_caching"),
+]:
+    case(f"spec-{id}", ["run", H100, *spec, *more, *SMALL], names)
+
 # --- config files
 for name in ["binary.yaml", "utf16.yaml", "latin1.yaml", "extends_utf16.yaml", "extends_binary.yaml",
              "nul.yaml"]:

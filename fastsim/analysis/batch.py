@@ -126,7 +126,7 @@ class _Group:
         bounds, has_slo = slo_bounds((c.slo.ttft_s, c.slo.tpot_s, c.slo.e2e_s))
         objectives = (c.engine.max_batch, bounds, has_slo, pools.gpus(c), pools.usd_per_hour(c), True)
         out = np.full((len(sizes), len(METRICS)), np.nan)  # prefix_hit_rate: NaN without a prefix cache
-        finished = LOOPS[kernel](p.numbers, p.api_s, requests, room, objectives, out)
+        finished = LOOPS[kernel](p.numbers(), p.api_s, requests, room, objectives, out)
         for (r, config, t), row, ok in zip(self.members, out, finished.tolist()):
             if config.engine.prefix_caching:  # nothing shared: no first admission hits
                 row[HIT_RATE] = 0.0

@@ -98,6 +98,9 @@ METRICS: dict[str, Metric] = {
     "steady": Metric("1", "the measured window is a steady state (1), drifts between its halves (0: its TTFT "
                      "median or hit rate moves), or is too short to tell (NaN)", HIGHER, header="steady",
                      fmt="{:.0f}"),
+    "accepted_length": Metric("tokens", "speculative decoding: tokens a verification emits on average, 1 + the "
+                              "draft tokens accepted (NaN: no speculation)", HIGHER, header="accepted",
+                              fmt="{:.2f}"),
 }
 
 # What a capacity search and a plan find, beside the metrics at the answer.

@@ -284,7 +284,7 @@ def _means(arrival, output, first_token, done, tpot, every_arrival, every_done, 
 @jit
 def _values(n, tokens, prompt_tokens, span, ttft_mean, e2e_mean, q, itl_q, means, good, has_slo, counts, max_batch,
             gpus, usd_per_hour):
-    """Every metric but the last two (prefix_hit_rate, steady), in the order of :data:`METRICS`
+    """Every metric but the last three (prefix_hit_rate, steady, accepted_length), in the order of :data:`METRICS`
     (as floats). ``q``: TTFT's and e2e's quantiles at LATENCY_PS, then TPOT's at TPOT_PS;
     ``itl_q``: ITL's at ITL_PS; ``means``: :func:`_means`; ``counts``: the outcome's (steps, busy
     slot-steps, max_queue, preemptions, KV block-steps, KV capacity block-steps, peak KV use)."""
@@ -304,7 +304,7 @@ def _values(n, tokens, prompt_tokens, span, ttft_mean, e2e_mean, q, itl_q, means
 @jit
 def small_run(arrival, output, first_token, done, counts, k, runs, gaps, max_batch, bounds, has_slo, gpus,
               usd_per_hour, with_itl, start, gap_count, cached, prompt, every, prompt_tokens):
-    """(fits, every metric but the last two, steady) of a run of at most SORT_BELOW measured
+    """(fits, every metric but the last three, steady) of a run of at most SORT_BELOW measured
     requests, in one compiled call (a sweep runs many such in a row: :mod:`.batch`); ``fits`` is
     False, and the metrics not all set, when its inter-token gaps are too many to list
     (:func:`.itl.listed_quantiles`). ``start``: the measured window's start; ``gap_count``: the
@@ -332,6 +332,22 @@ def slo_bounds(slo: tuple[float | None, ...]) -> tuple[tuple[float, ...], bool]:
     """Objectives (None where not set) as the compiled metrics take them: bounds (inf where not
     set) and whether any is set."""
     return tuple(np.inf if b is None else float(b) for b in slo), any(b is not None for b in slo)
+
+
+def accepted_length(counts: np.ndarray | None) -> float:
+    """Tokens a verification emits on average, 1 + the accepted draft tokens (vLLM's mean acceptance
+    length), over the whole run; ``counts``: the verifications that accepted 0, 1, ..., k tokens."""
+    if counts is None or not counts.sum():
+        return np.nan
+    return 1 + float(np.arange(counts.size) @ counts) / float(counts.sum())
+
+
+def acceptance_rates(counts: np.ndarray | None) -> list[float]:
+    """Per position, the share of verifications that accepted the draft's token there (vLLM's
+    acceptance rate per position); empty without speculation."""
+    if counts is None or not counts.sum():
+        return []
+    return [float(counts[j:].sum()) / float(counts.sum()) for j in range(1, counts.size)]
 
 
 def named(values: tuple) -> dict[str, float]:
@@ -375,7 +391,7 @@ def compute(arrival: np.ndarray, output: np.ndarray, first_token: np.ndarray, do
                                        max_batch, bounds, has_slo, gpus, usd_per_hour, with_itl, start, gap_count,
                                        cached, prompt, every, prompt_tokens)
         if fits:
-            return named(values + (hit_rate, flag))
+            return named(values + (hit_rate, flag, accepted_length(out.spec_counts)))
     ttft, e2e, tpot, good = _latencies(arrival, output, first_token, done, *bounds)
     q = np.array(_select(ttft, LATENCY_PS) + _select(e2e, LATENCY_PS) + _select(tpot, TPOT_PS))
     itl_q = np.array(itl.quantiles(out.k, out.runs, out.gaps_s, gap_count if with_itl else 0, ITL_PS))
@@ -385,4 +401,4 @@ def compute(arrival: np.ndarray, output: np.ndarray, first_token: np.ndarray, do
     end = float(done.max())
     more = _means(arrival, output, first_token, done, tpot, every[0], every[1], start, end)
     return named(_values(n, int(output.sum()), prompt_tokens, end - start, *means, q, itl_q, more, good, has_slo,
-                         counts, max_batch, gpus, usd_per_hour) + (hit_rate, flag))
+                         counts, max_batch, gpus, usd_per_hour) + (hit_rate, flag, accepted_length(out.spec_counts)))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,6 +40,8 @@ class Result:
     system_prompt: np.ndarray | None = None  # the request's system prompt, -1 without
     warmup: int = 0  # the first requests (of these arrays) ran as a warm-up, left out of the metrics
     arrival_end: float = np.inf  # the arrival process's last arrival (:func:`given_end`)
+    acceptance: list[float] = dataclasses.field(default_factory=list)  # speculative decoding: per position, the
+    # share of verifications that accepted the draft's token there (empty: no speculation)
 
     @property
     def overloaded(self) -> bool:
@@ -133,4 +136,5 @@ def simulate(config: Config, traffic: Traffic | None = None, checked: bool = Fal
     return Result(config, measure(config, traffic, out, with_itl), out.arrivals(traffic.arrival_s),
                   traffic.prompt_tokens, traffic.output_tokens, out.first_token_s, out.done_s, out.replica,
                   out.prefill_replica, out.cached_tokens, *((c.session, c.turn, c.system_prompt) if c else none),
-                  warmup=traffic.warmup, arrival_end=given_end(traffic))
+                  warmup=traffic.warmup, arrival_end=given_end(traffic),
+                  acceptance=metrics.acceptance_rates(out.spec_counts))

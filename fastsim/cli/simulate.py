@@ -47,9 +47,13 @@ def run(
             raise fail(f"--requests-out {requests_out}: {exc.strerror or exc}") from None
     if as_json:
         clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in result.metrics.items()}
+        if result.acceptance:  # speculative decoding: per position, the share of verifications accepting it
+            clean["acceptance_per_position"] = result.acceptance
         typer.echo(json.dumps(clean))
     else:
         rows = [[k, f"{v:.6g}", METRICS[k].units] for k, v in result.metrics.items()]
+        if result.acceptance:
+            rows.append(["acceptance_per_position", " ".join(f"{a:.3g}" for a in result.acceptance), "1"])
         print_table(describe(cfg, result.arrival_s.size), ["metric", "value", "units"], rows)
         moving = drift(result)
         if moving:

@@ -17,7 +17,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..model import fleet
+from ..model import fleet, speculative
 from ..model.cost import COEFFICIENT_KEYS, UNPICKED, coefficients, fixed_blocks, kv_blocks, kv_capacity_gb
 from ..model.routers import ROUTERS
 from ..model.schema import Config, ConfigError
@@ -208,6 +208,39 @@ def _prefix_cache(config: Config) -> None:
                           "it as full attention")
 
 
+def _speculative(config: Config) -> None:
+    """What speculative decoding needs: continuous batching over paged KV, a budget for every
+    decoder's verification, a draft the model has (or names), smaller than the model."""
+    e, m = config.engine, config.model
+    s = e.speculative
+    if s is None:
+        return
+    if e.policy != "continuous":
+        raise ConfigError(f"engine.speculative needs engine.policy continuous (got {e.policy}): a batch that runs "
+                          "to its end has no verification steps to shorten")
+    if e.kv_alloc != "paged":
+        raise ConfigError(f"engine.speculative needs engine.kv_alloc paged (got {e.kv_alloc})")
+    if e.max_batched_tokens is not None and e.max_batched_tokens < e.limit * (1 + s.tokens):
+        raise ConfigError(f"engine.max_batched_tokens ({e.max_batched_tokens}) must hold every running request's "
+                          f"verification: the running limit ({e.limit}) x (1 + engine.speculative.tokens "
+                          f"{s.tokens}) = {e.limit * (1 + s.tokens)}")
+    if s.method in ("mtp", "eagle") and m.n_layers is None:
+        raise ConfigError(f"engine.speculative.method {s.method} needs model.n_layers (a draft pass is one layer)")
+    if s.method == "mtp" and not (s.draft_layers or m.mtp_layers):
+        of = f"model.preset {m.preset}" if m.preset else f"model.config_json {m.config_json}" if m.config_json else \
+            "the model"
+        raise ConfigError(f"engine.speculative.method mtp: {of} has no multi-token-prediction layers "
+                          "(model.mtp_layers is 0): set engine.speculative.draft_layers, or use eagle or ngram")
+    if s.method == "draft":
+        draft = speculative.draft_shape(s)
+        if m.params_b is not None and draft.active >= m.params_b * 1e9:
+            raise ConfigError(f"engine.speculative.draft_model {s.draft_model}: its {draft.active / 1e9:.3g} B active "
+                              f"parameters are not fewer than the model's (model.params_b {m.params_b:g})")
+    if fleet.cached(config) and paths.shares(config):
+        raise ConfigError("engine.speculative under a prefix cache over shared content (system prompts, sessions, a "
+                          "trace's or a shared prefix) is not modelled: set engine.prefix_caching=false")
+
+
 def traffic_fits(config: Config, traffic) -> None:
     """Refuse drawn sessions whose longest turn cannot fit in the KV cache (a ``max_context``
     beyond it)."""
@@ -222,6 +255,7 @@ def traffic_fits(config: Config, traffic) -> None:
 def _can_run(config: Config) -> None:
     w = config.workload
     _prefix_cache(config)
+    _speculative(config)
     if w.trace is None and w.prefix_tokens and w.prefix_tokens >= w.prompt.smallest:
         raise ConfigError(
             f"workload.prefix_tokens ({w.prefix_tokens}) must be shorter than every prompt "
@@ -248,7 +282,9 @@ def longest_fits(config: Config, prompt: int, output: int, what: str) -> None:
     ``what``) cannot fit in the KV cache: it could never finish."""
     e = config.engine
     blocks, fixed = kv_blocks(config), fixed_blocks(config)
-    if blocks is not None and -(-(prompt + output) // e.block_tokens) + fixed > blocks:
+    # (speculation: its last verification holds slots beyond its last token)
+    tokens = prompt + output + (e.speculative.span - 2 if e.speculative is not None else 0)
+    if blocks is not None and -(-max(tokens, prompt + output) // e.block_tokens) + fixed > blocks:
         held = f", and {fixed} blocks a request holds for its local or linear-attention layers" if fixed else ""
         raise ConfigError(
             f"workload: the longest request ({what} {output} = {prompt + output} tokens{held}) does not fit in "

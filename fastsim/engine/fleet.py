@@ -78,11 +78,13 @@ def _apart(where: np.ndarray, replicas: int, k: np.ndarray, one) -> Outcome | No
 
 
 def _pool(p: Plan, loop: str, name: str, replicas: int, arrival: np.ndarray, prompt: np.ndarray,
-          output: np.ndarray, draws: np.ndarray, scratch: Scratch | None, token_1: np.ndarray = np.empty(0)) -> Outcome:
+          output: np.ndarray, draws: np.ndarray, scratch: Scratch | None, token_1: np.ndarray = np.empty(0),
+          ids: np.ndarray = np.empty(0, np.int64)) -> Outcome:
     """``replicas`` replicas of plan ``p`` behind router ``name`` on ``loop`` (:mod:`.paths`:
     each apart on the one-engine kernels, or one run of the serving loop), on requests in routing
     order (``arrival`` non-decreasing); engine times. ``draws``: the random router's replica per
-    request."""
+    request; ``ids``: each request's place in the run's traffic (empty: as given), which keys its
+    speculative decoding's draws (such runs are one run of the serving loop)."""
     n = arrival.size
     if n == 0:  # every output was one token: the decode pool has nothing to do
         return Outcome(np.empty(0), np.empty(0), 0, 0, 0, 0, 0, 0, float("nan"), np.empty((0, FULL_COLUMNS), np.int64),
@@ -90,11 +92,12 @@ def _pool(p: Plan, loop: str, name: str, replicas: int, arrival: np.ndarray, pro
     if loop == paths.ENGINE:
         return _apart(router.assign(name, replicas, draws), replicas, p.k, lambda ids: run_engine(
             p, arrival[ids], prompt[ids], output[ids], scratch, token_1[ids] if token_1.size else token_1))
-    return _served_pool(p, name, replicas, arrival, prompt, output, draws, scratch, token_1)
+    return _served_pool(p, name, replicas, arrival, prompt, output, draws, scratch, token_1, ids)
 
 
 def _served_pool(p: Plan, name: str, replicas: int, arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray,
-                 draws: np.ndarray, scratch: Scratch | None, token_1: np.ndarray = np.empty(0)) -> Outcome:
+                 draws: np.ndarray, scratch: Scratch | None, token_1: np.ndarray = np.empty(0),
+                 ids: np.ndarray = np.empty(0, np.int64)) -> Outcome:
     """:func:`_pool` with every replica in one run of :mod:`.kernels.serve` (a load-aware router, or
     replicas of data-parallel ranks)."""
     how = ROUTERS[name]
@@ -106,12 +109,17 @@ def _served_pool(p: Plan, name: str, replicas: int, arrival: np.ndarray, prompt:
     k = frozen(p.k)
     pools = (Pool(0, k, p.budget, blocks, np.inf, p.fixed_blocks),
              Pool(replicas * p.dp, k, p.budget, blocks, np.inf, p.fixed_blocks))
-    rules = Rules(p.limit, p.block_tokens, p.prefix_blocks, p.kv_mode == RESERVE, p.max_output, p.lookahead, 0.0)
+    spec = p.run_spec(ids)
+    rules = Rules(p.limit, p.block_tokens, p.prefix_blocks, p.kv_mode == RESERVE, p.max_output, p.lookahead, 0.0, spec)
     routing = routing_of(how.code, draws.astype(np.int64), 1.0, NO_TIMES, NO_TIMES, NO_ROUTES, token_1, dp=p.dp)
-    counters, runs, gaps = with_room(n, scratch, False, lambda runs, gaps: _counters(serve(
-        arrival, prompt, output, *pools, rules, routing, Counters(p.kv_mode, p.max_output, p.fixed_blocks), NO_CACHE,
-        first, done, replica, NO_ROUTES, runs, gaps, scratch.work(WORK_ROWS, n)))[1])
-    return outcome(p, first, done, counters, runs, gaps, replica.astype(np.int32))
+    def call(runs: np.ndarray, gaps: np.ndarray) -> tuple:
+        spec.counts.fill(0)  # (a run again with more room counts afresh)
+        return _counters(serve(arrival, prompt, output, *pools, rules, routing,
+                               Counters(p.kv_mode, p.max_output, p.fixed_blocks), NO_CACHE, first, done, replica,
+                               NO_ROUTES, runs, gaps, scratch.work(WORK_ROWS, n)))[1]
+
+    counters, runs, gaps = with_room(n, scratch, False, call)
+    return outcome(p, first, done, counters, runs, gaps, replica.astype(np.int32), p.spec_counts(spec))
 
 
 NO_TIMES = np.empty(0)
@@ -198,7 +206,8 @@ def _shared(config: Config, p: Plan, traffic: Traffic, tree: tuple | None, draws
     one = f.replicas == 1 and not npre
     code = ONE_ENGINE if one else ROUTERS[f.router].code
     pb = 0 if caching else p.prefix_blocks
-    rules = Rules(p.limit, bt, pb, False, p.max_output, p.lookahead, p.api_s)
+    spec = p.run_spec()
+    rules = Rules(p.limit, bt, pb, False, p.max_output, p.lookahead, p.api_s, spec)
     routing = routing_of(code, (pre_draws if npre else draws).astype(np.int64), f.prefix_weight, think, link_s,
                          draws.astype(np.int64), NO_TIMES, prefill=npre > 0, clients=c.clients,
                          next_start=c.next_start, dp=p.dp)
@@ -225,6 +234,7 @@ def _shared(config: Config, p: Plan, traffic: Traffic, tree: tuple | None, draws
             kv = Runs(*layout, gend)
         else:
             kv, cache = blockwise.start(c, traffic.prompt_tokens, output, bt, npre or f.replicas * p.dp, blocks), NO_CACHE
+        spec.counts.fill(0)  # (a run again with more room counts afresh)
         counters = _counters(serve(arrived, traffic.prompt_tokens, output, pre, dec, rules, routing, kv, cache, first,
                                    done, replica, pre_replica, runs, gaps, scratch.work(WORK_ROWS, n)))
         got[:] = [arrived, kv, cache, counters]
@@ -238,7 +248,8 @@ def _shared(config: Config, p: Plan, traffic: Traffic, tree: tuple | None, draws
         cached = np.zeros(n, np.int64)
     else:
         cached = kv.cached.copy() if isinstance(kv, blockwise.Blocks) else cache[-n:, segments.CACHED].copy()
-    out = outcome(p, first, done, counters, runs, gaps, None if one else replica.astype(np.int32))
+    out = outcome(p, first, done, counters, runs, gaps, None if one else replica.astype(np.int32),
+                  p.spec_counts(spec))
     if npre:
         pre_out = outcome(pre_plan, first, done, pre_counters, runs[:0], gaps[:0])
         out = _joined(pre_out, out, first, done, replica.astype(np.int32), pre_replica.astype(np.int32))
@@ -266,7 +277,7 @@ def _joined(pre: Outcome, dec: Outcome, first: np.ndarray, done: np.ndarray, rep
                    pre.kv_block_steps + dec.kv_block_steps, pre.kv_capacity_steps + dec.kv_capacity_steps,
                    max((o.kv_peak_use for o in both if o.kv_capacity_steps), default=float("nan")), dec.runs,
                    np.concatenate([pre.gaps_s, dec.gaps_s]), dec.k, replica, pre_replica,
-                   cached_tokens=pre.cached_tokens, prefix_hit_rate=pre.prefix_hit_rate)
+                   cached_tokens=pre.cached_tokens, prefix_hit_rate=pre.prefix_hit_rate, spec_counts=dec.spec_counts)
 
 
 def _disaggregated(config: Config, plan: Plan, traffic: Traffic, tree: tuple | None, path: paths.Path,
@@ -295,7 +306,7 @@ def _disaggregated(config: Config, plan: Plan, traffic: Traffic, tree: tuple | N
     ids = np.flatnonzero(sent)
     ids = ids[np.lexsort((ids, reached[ids]))]  # the decode pool's order: by KV arrival, ties by index
     dec = _pool(plan, path.loop, path.router, f.replicas, reached[ids], prompt[ids], output[ids], draws[ids], scratch,
-                token_1=ended[ids])
+                token_1=ended[ids], ids=ids)
     done = ended.copy()
     done[ids] = dec.done_s
     replica = np.full(n, -1, np.int32)

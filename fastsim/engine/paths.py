@@ -69,7 +69,9 @@ def of(config: Config, shared: bool | None = None, tree: bool = True, closed: bo
         tree = tree and w.trace is None
     held = RUNS if tree else BLOCKS
     router = uncached(f.router)
-    pool = SERVE if ROUTERS[router].load_aware else ENGINE  # a pool of replicas that caches nothing
+    # a pool of replicas that caches nothing: apart, unless load-aware, or speculating (each request's
+    # acceptance draws are its own in one loop over the fleet's requests)
+    pool = SERVE if ROUTERS[router].load_aware or config.engine.speculative is not None else ENGINE
     if kind == "disaggregated":
         if closed:  # a turn (a client's next request) waits on the decode pool: one loop for both
             return Path(kind, SERVE, "joint", f.router, held)
@@ -86,7 +88,8 @@ def batchable(config: Config, shared: bool, warmup: int) -> bool:
     runs: one engine on the one-engine kernels (also with a prefix cache over requests that share
     nothing), every request measured."""
     path = of(config, shared)
-    return warmup == 0 and path.loop == ENGINE and config.fleet.replicas == 1 and path.fleet != "disaggregated"
+    return (warmup == 0 and path.loop == ENGINE and config.fleet.replicas == 1 and path.fleet != "disaggregated"
+            and config.engine.speculative is None)
 
 
 def compiled(config: Config) -> tuple:

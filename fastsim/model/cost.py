@@ -41,7 +41,7 @@ import numpy as np
 
 from .._jit import inline
 from .fields import LARGEST, ConfigError
-from . import kv_groups
+from . import kv_groups, speculative
 from .hf_config import WEIGHT_BYTES
 from .schema import Config
 
@@ -120,6 +120,12 @@ def coefficients(config: Config) -> np.ndarray:
             k[T_LINK_TOKEN] = 2 * m.n_layers * 2 * (e.tp - 1) / e.tp * m.hidden * 2 / (hw.link_gb_s * 1e9)
     if e.dp > 1:
         _data_parallel(config, k)
+    if e.speculative is not None:  # k draft passes, each a share of the step (:mod:`.speculative`)
+        scale = 1 + e.speculative.tokens * speculative.draft_share(e.speculative, m)
+        fixed = cal.step_overhead_ms / 1e3
+        k[OVERHEAD] = fixed + (k[OVERHEAD] - fixed) * scale
+        for c in (T_WEIGHTS, T_KV, T_TOKEN, T_PAIR, T_LINK, T_LINK_TOKEN, T_SAMPLE, T_EXPERTS, T_EXPERT_TOKEN, T_ROW):
+            k[c] *= scale
     return k
 
 
@@ -270,6 +276,7 @@ def is_lesson(config: Config, k: np.ndarray | None = None) -> bool:
         and config.calibration.api_overhead_ms == 0
         and not (config.engine.async_scheduling and config.engine.policy == "continuous")
         and config.engine.dp == 1
+        and config.engine.speculative is None
     )
 
 
@@ -292,7 +299,8 @@ def rank_weight_gb(config: Config) -> float:
     """Weights one rank's tp GPUs hold: all but the routed experts, and 1/dp of those (every
     weight without data parallelism)."""
     m, dp = config.model, config.engine.dp
-    return m.weight_gb if dp == 1 else m.weight_gb - m.moe_layers * m.experts * m.expert_gb * (1 - 1 / dp)
+    draft = speculative.draft_weight_gb(config.engine.speculative, m)
+    return draft + (m.weight_gb if dp == 1 else m.weight_gb - m.moe_layers * m.experts * m.expert_gb * (1 - 1 / dp))
 
 
 def replicated(config: Config) -> bool:
@@ -329,7 +337,7 @@ def kv_blocks(config: Config) -> int | None:
     model's blocks are its full-attention groups' (:func:`fastsim.model.kv_groups.page_layers`:
     padded to whole groups)."""
     capacity = kv_capacity_gb(config)
-    pad = _padding(config)
+    pad = _padding(config) + speculative.draft_kv_share(config.engine.speculative, config.model)  # (a draft's too)
     per_block = config.engine.block_tokens * config.model.kv_bytes_per_token * pad
     if capacity is None or per_block == 0:
         return None

@@ -133,6 +133,9 @@ class Model(_Preset):
         "the indexer's key per token and layer (held in fp8 with a 4-byte scale per 128 values, inside "
         "model.kv_bytes_per_token)"))
 
+    mtp_layers: Int = Field(0, ge=0, **doc(
+        "multi-token-prediction layers the checkpoint ships (speculative decoding's mtp draft; 0: none)", "layers"))
+
     @field_validator("config_json")
     @classmethod
     def _readable(cls, path: str | None) -> str | None:

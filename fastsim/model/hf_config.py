@@ -64,6 +64,7 @@ class Shape:
     window_kind: str = "sliding"
     linear_layers: int = 0  # linear attention: layers, one request's state in one of them (bytes)
     linear_state: int = 0
+    mtp_layers: int = 0  # multi-token-prediction layers (a speculative decoding draft)
     notices: tuple[str, ...] = field(default=(), compare=False)  # what the import approximates
 
     @property
@@ -103,6 +104,7 @@ class Shape:
             window_layers=self.window_layers, window_tokens=self.window_tokens, window_kind=self.window_kind,
             linear_layers=self.linear_layers, linear_state_bytes=float(self.linear_state),
             sparse_topk=self.index_topk or None, index_heads=self.index_heads, index_head_dim=self.index_head_dim,
+            mtp_layers=self.mtp_layers,
         )
 
     @property
@@ -320,6 +322,14 @@ def _left_bf16(ignored: tuple[str, ...]) -> tuple[bool, bool, bool, bool]:
             any(re.search(r"mlp\\?\.\(?(gate|up|down)[|_]", m) and "expert" not in m for m in ignored))
 
 
+def _mtp_layers(r: _Reader) -> int:
+    """Multi-token-prediction layers: DeepSeek's and GLM's ``num_nextn_predict_layers``, Qwen3.5's
+    ``mtp_num_hidden_layers``, MiniMax's modules of ``mtp_transformer_layers`` when ``use_mtp``."""
+    if r.get("use_mtp"):
+        return r.int("num_mtp_modules", 1) * r.int("mtp_transformer_layers", 1)
+    return r.int("num_nextn_predict_layers", 0) or r.int("mtp_num_hidden_layers", 0)
+
+
 def _notices(r: _Reader, name: str, local: int) -> tuple[str, ...]:
     """What the import approximates: a model local in every layer is taken as full attention."""
     notices = []
@@ -402,5 +412,5 @@ def read(path: str) -> Shape:
                  index_heads=r.int("index_n_heads", 0) if r.get("index_topk") else 0,
                  index_topk=r.int("index_topk", 0),
                  window_layers=local, window_tokens=window, window_kind=kind, linear_layers=n - sum(full),
-                 linear_state=_linear_state(r) if not all(full) else 0, notices=notices)
+                 linear_state=_linear_state(r) if not all(full) else 0, mtp_layers=_mtp_layers(r), notices=notices)
 

@@ -17,7 +17,8 @@ KINDS = {"engine.policy": " | ".join(POLICIES), "fleet.router": " | ".join(ROUTE
          "fleet.prefill_hardware": "hardware preset or null", "workload.trace": "path or null",
          "fleet.prefill_replicas": "int or auto", "workload.warmup": "int or duration",
          "workload.system_prompts": "{count, tokens, popularity, zipf_s} or null",
-         "workload.sessions": "{turns, followup, think_s, max_context} or null"}
+         "workload.sessions": "{turns, followup, think_s, max_context} or null",
+         "engine.speculative": "{method, tokens, acceptance, draft_layers, draft_model} or null"}
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from .workload import WARMUP_UNITS, Workload, _seconds  # noqa: F401 (the sectio
 from . import routers
 from .hardware_model import Hardware, Model
 from .presets import HARDWARE
+from .speculative import Speculative
 
 # The names a config may use; the engine's registries map each to its kernel or router.
 POLICIES = ("static", "dynamic", "continuous")
@@ -62,6 +63,9 @@ class Engine(Section):
         "continuous batching: a step's batch is chosen while the step before it runs (vLLM's "
         "--async-scheduling), so a request arriving at a busy engine joins the step after the next (static "
         "and dynamic batching, which form a batch only on an idle engine, are unaffected)"))
+    speculative: Speculative | None = Field(None, **doc(
+        "speculative decoding under continuous batching: each step a decoding request verifies k proposed "
+        "tokens and emits 1 + those accepted (null: off; its keys: docs/model/deployed.md, Speculative decoding)"))
 
     @field_validator("policy")
     @classmethod

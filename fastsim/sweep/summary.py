@@ -108,6 +108,10 @@ def describe(config: Config, n_requests: int) -> str:
     budget = "" if e.max_batched_tokens is None else f", budget {e.max_batched_tokens:,} tokens"
     ranks = f" on each of {e.dp} ranks" if e.dp > 1 else ""
     engine = f"{e.policy} batching{ranks}, max_batch {e.max_batch}, limit {e.limit}{budget}, {kv}"
+    if e.speculative is not None:
+        s = e.speculative
+        engine += (f", speculative decoding ({s.method}, {s.tokens} tokens, acceptance for a mean accepted length of "
+                   f"{s.mean_accepted_length():.2f})")
     if pools.prefix_cache(config):
         engine += ", prefix cache"
     if f.replicas > 1 or f.prefill_replicas:

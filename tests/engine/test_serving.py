@@ -39,6 +39,7 @@ def test_kernels_match_the_serving_oracle(config):
     assert close(fast.done_s, slow["done"])
     assert (fast.steps, fast.busy_slot_steps, fast.max_queue, fast.preemptions) == (
         slow["steps"], slow["busy"], slow["max_queue"], slow["preemptions"])
+    assert (None if fast.spec_counts is None else list(fast.spec_counts)) == slow["spec"]
     m = measure(config, traffic, fast)
     if slow["kv_used"] is None:
         assert math.isnan(m["kv_peak_use"]) and math.isnan(m["kv_mean_use"])
@@ -76,7 +77,10 @@ def test_serving_invariants(config):
     traffic, out, _ = run_both(config)
     assert np.isfinite(out.done_s).all()  # every request finishes, once
     assert (traffic.arrival_s <= out.first_token_s).all() and (out.first_token_s <= out.done_s).all()
-    assert out.busy_slot_steps == traffic.output_tokens.sum()  # tokens conserved
+    if out.spec_counts is None:
+        assert out.busy_slot_steps == traffic.output_tokens.sum()  # tokens conserved
+    else:  # a slot-step a verification, and one a prefill that emits: no more than the tokens
+        assert out.spec_counts.sum() + len(traffic) <= out.busy_slot_steps <= traffic.output_tokens.sum()
     if out.kv_capacity_steps:
         assert out.kv_peak_use <= 1
 

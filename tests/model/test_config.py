@@ -40,7 +40,7 @@ def test_contract_keys_all_exist():
     workload.think_s workload.prompt.range_ratio workload.output.range_ratio calibration.moe_layer_overhead_us
     hardware.scaleup_gpus hardware.scaleout_gb_s hardware.scaleout_latency_us engine.dp
     model.window_layers model.window_tokens model.window_kind model.linear_layers model.linear_state_bytes
-    model.sparse_topk model.index_heads model.index_head_dim""".split()
+    model.sparse_topk model.index_heads model.index_head_dim model.mtp_layers engine.speculative""".split()
     assert sorted(contract) == sorted(LEAF_KEYS)
 
 

@@ -50,6 +50,8 @@ class RankCost:
     window_pairs: float = 0.0  # ... and query-key pairs per computed token over the local layers
     index_pair_flops: float = 0.0  # sparse attention: its indexer's FLOPs per query-key pair, every layer,
     index_flops: float | None = None  # at one GPU's achieved FLOP/s for it
+    draft_scale: float = 1.0  # speculative decoding: k draft passes make the step this many times as long,
+    fixed_s: float = 0.0  # but for this fixed overhead
 
     def rank(self, n_all, N, C, A, S):
         unread = self.expert_bytes * (1 - self.k_over_e) ** n_all if self.expert_bytes else 0.0
@@ -69,7 +71,8 @@ class RankCost:
     def step(self, stats):
         """A step over the ranks' (N, C, A, S) (those with rows)."""
         n_all = sum(s[0] for s in stats)
-        return self.overhead_s + max(self.rank(n_all, *s) for s in stats)
+        total = self.overhead_s + max(self.rank(n_all, *s) for s in stats)
+        return self.fixed_s + self.draft_scale * (total - self.fixed_s)
 
 
 def balance(ranks):

@@ -31,6 +31,10 @@ class Engine:
     api_s: float
     lookahead: bool = False  # async scheduling: while a step runs, the next one's batch is already fixed
     fixed_blocks: int = 0  # a hybrid-attention model's: blocks each admitted request holds beyond its tokens'
+    spec_tokens: int = 0  # speculative decoding: tokens proposed and verified per decoding request and step (k)
+    spec_span: int = 0  # KV slots a decoding request holds beyond its computed tokens in a step
+    spec_accept: tuple = ()  # per position, its acceptance (a draw of 53 bits below acceptance x 2^53)
+    spec_seed: int = 0  # the run's seed for the draws
 
 
 @dataclass
@@ -58,8 +62,13 @@ class StepCost:
     window_pairs: float = 0.0  # ... and query-key pairs per computed token over the local layers
     index_pair_flops: float = 0.0  # sparse attention: its indexer's FLOPs per query-key pair, every layer,
     index_flops: float | None = None  # at one GPU's achieved FLOP/s for it
+    draft_scale: float = 1.0  # speculative decoding: k draft passes make the step this many times as long,
+    fixed_s: float = 0.0  # but for this fixed overhead
 
     def __call__(self, N, C, A, S):
+        return self.fixed_s + self.draft_scale * (self.verify(N, C, A, S) - self.fixed_s)
+
+    def verify(self, N, C, A, S):
         unread = self.expert_bytes * (1 - self.k_over_e) ** N if self.expert_bytes else 0.0
         # (W(N) / tp + kv_gpu C) / bandwidth, grouped as the lesson's weights + per-token KV times
         t_mem = (self.weight_bytes - unread) / self.tp / self.gpu_bytes_s + self.kv_gpu / self.gpu_bytes_s * C
@@ -89,6 +98,8 @@ class Replica:
         self.began = -math.inf  # when the last step started
         self.joined_at = {}
         self.kv_used, self.gaps = [], []
+        self.accepted = [0] * (e.spec_tokens + 1)  # speculative decoding: verifications that accepted 0, 1, ... k
+        self.drafted = set()  # ... and the requests with a draft: they emitted a token on this replica
         self.waiting: list[int] = []
         self.running: list[int] = []
 
@@ -99,6 +110,7 @@ class Replica:
         self.joined_at[i] = self.arrival[i]
         self.g[i], self.c[i], self.held[i] = 0, 0, 0
         self.last_emit[i] = None
+        self.drafted.discard(i)
         if token_1_at is not None:
             self.c[i], self.g[i] = self.prompt[i], 1
             self.last_emit_time[i] = token_1_at
@@ -119,6 +131,20 @@ class Replica:
     def _paged_need(self, i, n_new):  # blocks beyond those held, for c + n_new computed tokens
         e = self.e
         return math.ceil((self.c[i] + n_new) / e.block_tokens) - e.prefix_blocks + e.fixed_blocks - self.held[i]
+
+    def _verifies(self, i, c0=None):
+        """Whether request ``i`` (with ``c0`` computed) is decoding under speculative decoding: it
+        verifies its draft's k tokens."""
+        c0 = self.c[i] if c0 is None else c0
+        return self.e.spec_tokens > 0 and i in self.drafted and c0 == self.prompt[i] + self.g[i] - 1
+
+    def _accepted(self, i):
+        """How many of the draft's tokens request ``i`` accepts after emitting g tokens: from the
+        first, while each position's draw is below its acceptance."""
+        e, a = self.e, 0
+        while a < e.spec_tokens and draw(e.spec_seed, i, self.g[i], a) < int(e.spec_accept[a] * 2**53):
+            a += 1
+        return a
 
     def iterate(self, no_more):
         """One turn of the engine's loop at ``self.now`` (arrivals already joined): schedule and
@@ -143,9 +169,11 @@ class Replica:
             pos = 0
             while pos < len(running) and budget > 0:
                 i = running[pos]
-                take = min(prompt[i] + g[i] - c[i], budget)
+                verifying = self._verifies(i)
+                take = 1 + e.spec_tokens if verifying else min(prompt[i] + g[i] - c[i], budget)
                 if self.free is not None and e.alloc == "paged":
-                    while self._paged_need(i, take) > self.free:
+                    span = e.spec_span if verifying else take  # slots it holds in the step
+                    while max(self._paged_need(i, span), 0) > self.free:
                         victim = running.pop()  # the newest admission
                         self.free += held[victim]
                         held[victim] = 0
@@ -157,7 +185,7 @@ class Replica:
                             break
                     if i not in running:
                         break
-                    need = self._paged_need(i, take)
+                    need = max(self._paged_need(i, span), 0)
                     self.free -= need
                     held[i] += need
                 rows.append((i, c[i], take))
@@ -216,7 +244,8 @@ class Replica:
         N = sum(t for _, _, t in rows)
         C = sum(c0 + t for _, c0, t in rows)
         A = sum(t * (2 * c0 + t + 1) // 2 for _, c0, t in rows)
-        S = sum(1 for i, c0, t in rows if i not in self.done and c0 + t == prompt[i] + g[i])  # rows that emit
+        S = sum((t if self._verifies(i, c0) else c0 + t == prompt[i] + g[i]) for i, c0, t in rows
+                if i not in self.done)  # rows sampled: those that emit, every verified token
         return N, C, A, S
 
     def finish(self, rows, d):
@@ -232,9 +261,17 @@ class Replica:
         for i, c0, t in rows:
             if i in self.done:
                 continue
-            c[i] = c0 + t
-            if c[i] == prompt[i] + g[i]:
-                g[i] += 1
+            emits = 1
+            if self._verifies(i, c0):
+                a = self._accepted(i)
+                self.accepted[a] += 1
+                emits = min(1 + a, output[i] - g[i])
+                c[i] = c0 + emits  # (the rejected tokens' KV is discarded)
+            else:
+                c[i] = c0 + t
+            if c[i] == prompt[i] + g[i] + emits - 1:
+                g[i] += emits
+                self.drafted.add(i)  # (its draft proposes tokens for its next step)
                 self.busy += 1
                 if g[i] > 1:  # every gap between consecutive tokens
                     self.gaps.append(d if self.last_emit[i] == self.steps - 1 else now - self.last_emit_time[i])
@@ -284,4 +321,25 @@ def simulate(arrival, prompt, output, e: Engine):
 def result(rep: Replica, ids, api_s):
     return dict(first_token=[rep.first_token[i] + api_s for i in ids], done=[rep.done[i] + api_s for i in ids],
                 steps=rep.steps, busy=rep.busy, max_queue=rep.max_queue, preemptions=rep.preemptions,
-                kv_used=rep.kv_used if rep.e.blocks is not None else None, gaps=rep.gaps)
+                kv_used=rep.kv_used if rep.e.blocks is not None else None, gaps=rep.gaps,
+                spec=rep.accepted if rep.e.spec_tokens else None)
+
+
+MASK = 2**64 - 1
+
+
+def mix(z):
+    """splitmix64's finaliser (docs/model/deployed.md, "Speculative decoding")."""
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK
+    return z ^ (z >> 31)
+
+
+def spec_seed(workload_seed):
+    """The run's seed for acceptance draws, from the workload's (as the docs write it)."""
+    return mix((workload_seed * 0x2545F4914F6CDD1D + 0x5EC) & MASK)
+
+
+def draw(seed, i, g, j):
+    """53 uniform bits: position j (from 0) of request i's verification after g tokens."""
+    return mix((seed + i * 0x9E3779B97F4A7C15 + g * 0xD1B54A32D192ED03 + j * 0x8CB92BA72F3D8DD7) & MASK) >> 11

@@ -19,6 +19,7 @@ from ...model import cost
 from ...model.schema import Config
 from ._calendar import COMPACT_RUN, FULL_COLUMNS, RING_MAX
 from ._kv import PAGED, REHIT, RESERVE, WHOLE
+from ._speculative import NO_IDS, OFF, Spec, seed_of, thresholds
 from .one_engine import LAYOUT, Numbers, kernel_of
 
 __all__ = ["RING_MAX", "RUNS_PER_REQUEST", "Outcome", "Plan", "Scratch", "kv_totals", "longest_output", "outcome",
@@ -60,17 +61,26 @@ class Plan:
     lookahead: bool  # async scheduling (:func:`.serve.serve`)
     api_s: float
     fixed_blocks: int = 0  # a hybrid-attention model's per running request (:func:`fastsim.model.cost.fixed_blocks`)
+    spec: Spec = OFF  # speculative decoding (:mod:`._speculative`); a run takes a copy with its own counts
+
+    def run_spec(self, ids: np.ndarray = NO_IDS) -> Spec:
+        """The plan's speculative decoding with counts of its own, for one run; ``ids``: each request's
+        place in the run's traffic (empty: as given)."""
+        return self.spec._replace(counts=np.zeros(self.spec.tokens + 1, np.int64), ids=ids) if self.spec.tokens else OFF
+
+    def spec_counts(self, spec: Spec) -> np.ndarray | None:
+        """A run's counts (the verifications that accepted 0, 1, ..., k tokens), None without speculation."""
+        return spec.counts if self.spec.tokens else None
 
     @property
     def dp(self) -> int:
         """Data-parallel ranks a replica (lock-step: the serving loop's :mod:`._lockstep` shape)."""
         return int(self.k[cost.RANKS])
 
-    @property
-    def numbers(self) -> Numbers:
-        """What every one-engine kernel takes of the plan (:mod:`.one_engine`)."""
+    def numbers(self, spec: Spec = OFF) -> Numbers:
+        """What every one-engine kernel takes of the plan (:mod:`.one_engine`), with a run's ``spec``."""
         return Numbers(self.limit, self.window_s, self.k, self.budget, self.blocks, self.block_tokens, self.kv_mode,
-                self.prefix_blocks, self.max_output, self.lookahead, self.fixed_blocks)
+                       self.prefix_blocks, self.max_output, self.lookahead, self.fixed_blocks, spec)
 
     @classmethod
     def of(cls, config: Config, max_output: int | None = None, prefix: bool = True) -> Plan:
@@ -84,7 +94,8 @@ class Plan:
         global _last_plan
         max_output = config.workload.max_output if max_output is None else max_output
         sections = (config.engine, config.hardware, config.model, config.calibration)
-        key = (max_output, config.workload.prefix_tokens, prefix)
+        key = (max_output, config.workload.prefix_tokens, prefix,
+               config.workload.seed if config.engine.speculative is not None else None)
         last = _last_plan
         if last is not None and last[1] == key and all(a is b for a, b in zip(last[0], sections)):
             return last[2]
@@ -112,7 +123,16 @@ class Plan:
             lookahead=e.async_scheduling,
             api_s=config.calibration.api_overhead_ms / 1000,
             fixed_blocks=cost.fixed_blocks(config),
+            spec=_spec(config),
         )
+
+
+def _spec(config: Config) -> Spec:
+    """Speculative decoding as the loop takes it (counts empty: each run takes its own)."""
+    s = config.engine.speculative
+    if s is None:
+        return OFF
+    return Spec(s.tokens, s.span, thresholds(s.per_position()), seed_of(config.workload.seed), OFF.counts, NO_IDS)
 
 
 def _kv_mode(config: Config, prefix: bool) -> int:
@@ -153,6 +173,7 @@ class Outcome:
     arrival_s: np.ndarray | None = None  # float64 (n,): arrivals, when the run set some (sessions' later turns)
     cached_tokens: np.ndarray | None = None  # int64 (n,): each request's prefix-cache hit at its first admission
     prefix_hit_rate: float = float("nan")  # hit tokens at first admissions / prompt tokens (NaN: no cache)
+    spec_counts: np.ndarray | None = None  # speculative decoding: the verifications that accepted 0, 1, ..., k tokens
 
     def arrivals(self, given: np.ndarray) -> np.ndarray:
         """The arrival times the run saw: ``given`` (the traffic's), but where the run set some
@@ -192,14 +213,14 @@ class Scratch:
 
 
 def outcome(p: Plan, first_token: np.ndarray, done: np.ndarray, counters: Counters, runs: np.ndarray, gaps: np.ndarray,
-            replica: np.ndarray | None = None) -> Outcome:
+            replica: np.ndarray | None = None, spec_counts: np.ndarray | None = None) -> Outcome:
     """The Outcome of a kernel of plan ``p`` (one engine's, or a pool kernel's): its per-request
     times, the counters it returned (steps, busy, max_queue, preemptions, KV block-steps, peak KV
     blocks, runs, gaps) and the room it recorded its runs and gaps in."""
     steps, busy, queue, preemptions, kv_sum, kv_peak, nruns, ngaps = counters
     kv_steps, kv_capacity, kv_use = kv_totals(p.blocks, int(steps), int(kv_sum), int(kv_peak))
     return Outcome(first_token, done, int(steps), int(busy), int(queue), int(preemptions), kv_steps, kv_capacity,
-                   kv_use, runs[:nruns], gaps[:ngaps], p.k, replica)
+                   kv_use, runs[:nruns], gaps[:ngaps], p.k, replica, spec_counts=spec_counts)
 
 
 @inline
@@ -223,10 +244,14 @@ def run_engine(p: Plan, arrival: np.ndarray, prompt: np.ndarray, output: np.ndar
     kernel = kernel_of(p.lesson, p.policy, token_1.size > 0)
     rows, compact = LAYOUT[kernel]
     scratch = Scratch() if scratch is None else scratch
-    numbers = p.numbers
-    counters, runs, gaps = with_room(n, scratch, compact, lambda runs, gaps: kernel(
-        arrival, prompt, output, numbers, token_1, first_token, done, runs, gaps, scratch.work(rows, n)))
-    return outcome(p, first_token, done, counters, runs, gaps)
+    spec = p.run_spec()
+    numbers = p.numbers(spec)
+    def call(runs: np.ndarray, gaps: np.ndarray) -> tuple:
+        spec.counts.fill(0)  # (a run again with more room counts afresh)
+        return kernel(arrival, prompt, output, numbers, token_1, first_token, done, runs, gaps, scratch.work(rows, n))
+
+    counters, runs, gaps = with_room(n, scratch, compact, call)
+    return outcome(p, first_token, done, counters, runs, gaps, spec_counts=p.spec_counts(spec))
 
 
 def with_room(n: int, scratch: Scratch, compact: bool, call) -> tuple[Counters, np.ndarray, np.ndarray]:

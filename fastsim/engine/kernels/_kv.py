@@ -73,6 +73,14 @@ class Runs(NamedTuple):
     gend: int
 
 
+@jit
+def stopped(ngaps):
+    """What the serving loop returns when the runs' bookkeeping cannot follow (the driver then runs
+    the cache block by block: :class:`._kv.Blocks`): no counts, ``ngaps`` gaps, stopped."""
+    none = (0, 0, 0, 0, 0, 0)
+    return none, none, 0, ngaps, True
+
+
 def _by_kv(role, counters, runs, blocks):
     """Make ``role`` (a module-level function: a closure could not be inlined into a helper that
     is itself inlined) the version for the KV state's type, chosen when the caller is compiled."""

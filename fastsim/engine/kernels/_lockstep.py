@@ -17,7 +17,21 @@ from ...model.cost import OVERHEAD, rank_time
 from ._calendar import extend_run
 from ._route import earliest, working
 from ._shape import (ACTIVE, NWAIT, RUN_KV, RUN_M, RUN_NW, RUN_PAIRS, RUN_S, RUNNING, STEP_KV, STEP_N, STEP_PAIRS,
-                     STEP_S, STEP_W)
+                     STEP_ROWS, STEP_S, STEP_W)
+
+
+@inline
+def keep_step(st, rep, n_tok, kv_tok, pairs, sampled, nrows, n_dec):
+    """A rank's scheduled step (its tokens, KV tokens, pairs, sampled rows, rows, decoders), kept
+    until its replica's step runs (:func:`step_of`)."""
+    st[rep, ACTIVE], st[rep, STEP_N], st[rep, STEP_KV], st[rep, STEP_PAIRS] = 1, n_tok, kv_tok, pairs
+    st[rep, STEP_S], st[rep, STEP_ROWS], st[rep, STEP_W] = sampled, nrows, n_dec
+
+
+@inline
+def kept_step(st, rep):
+    """A rank's step as :func:`keep_step` kept it: (tokens, KV tokens, pairs, sampled rows, rows)."""
+    return st[rep, STEP_N], st[rep, STEP_KV], st[rep, STEP_PAIRS], st[rep, STEP_S], st[rep, STEP_ROWS]
 
 
 @inline

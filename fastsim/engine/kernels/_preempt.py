@@ -11,7 +11,7 @@ from ._running import cal_remove, cdiv, unlink
 
 
 @jit
-def preempt_for(kv, cache, rep, hitting, bt, per, blocks, steps, now, prompt, g, c, held, dbase,
+def preempt_for(kv, cache, rep, hitting, bt, per, span, blocks, steps, now, prompt, g, c, held, dbase,
                 phase, last_t, pnext, rprev, rnext, bucket, cnext, cprev, bcount, rhead, rtail, running, partial,
                 pneed, n_dec, sum_c, free, aux, ptop, npre_q, nwait, preemptions):
     """Replica ``rep``'s running requests, oldest first, each given the blocks its tokens of this
@@ -29,25 +29,33 @@ def preempt_for(kv, cache, rep, hitting, bt, per, blocks, steps, now, prompt, g,
             need = pneed
         else:
             cj = prompt[j] + g[j] + (steps - dbase[j]) - 1
-            need = 1 if cj % bt == 0 else 0
+            if span > 0:  # speculation: its verification's slots, ``phase`` of its ``held`` blocks
+                need = phase[j]
+            else:
+                need = 1 if cj % bt == 0 else 0
         gone = False
         while need > free:
             v = rtail  # preempt the newest: it frees its blocks and recomputes later
             rhead, rtail = unlink(rprev, rnext, rhead, rtail, v)
             running -= 1
+            extra = 0  # blocks beyond its tokens' (a decoder's slots under speculation)
             if v == partial:
                 top, kept = held[v], c[v]
                 partial = -1
             else:
                 g[v] += steps - dbase[v]
                 kept = prompt[v] + g[v] - 1
-                top = cdiv(kept, bt) - per
+                top = held[v] - phase[v] if span > 0 else cdiv(kept, bt) - per  # (its slots not taken yet)
+                extra = top - (cdiv(kept, bt) - per)
                 n_dec -= 1
                 sum_c -= kept
-                bcount[rep, phase[v]] -= 1
-                cal_remove(bucket, cnext, cprev, v)
+                if span == 0:
+                    bcount[rep, phase[v]] -= 1
+                    cal_remove(bucket, cnext, cprev, v)
                 last_t[v] = now  # a decoder emitted at the step just run
-            dbase[v], phase[v] = blocks + aux, kept  # where its blocks join the free queue (:func:`._kv.own_hit`)
+            # where its blocks join the free queue (:func:`._kv.own_hit`): after the free ones and its slots
+            # beyond its tokens (speculation's), which it frees first
+            dbase[v], phase[v] = blocks + aux + extra, kept
             free, aux = roles.free(kv, cache, rep, v, top, kept, free, aux, hitting, bt)
             held[v] = 0
             c[v] = 0

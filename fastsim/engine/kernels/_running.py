@@ -53,6 +53,26 @@ def cal_remove(bucket, cnext, cprev, i):
 
 
 @inline
+def due_in_order(bucket, cnext, cprev, due, seq, dues, first, steps):
+    """The members of a calendar bucket (from ``first``) due at ``steps``, unlinked and listed in
+    ``dues`` in the order of ``seq`` (their admissions); returns how many."""
+    ndue = 0
+    i = first
+    while i >= 0:
+        nx = cnext[i]
+        if due[i] == steps:
+            cal_remove(bucket, cnext, cprev, i)
+            j = ndue
+            while j > 0 and seq[dues[j - 1]] > seq[i]:
+                dues[j] = dues[j - 1]
+                j -= 1
+            dues[j] = i
+            ndue += 1
+        i = nx
+    return ndue
+
+
+@inline
 def unlink(rprev, rnext, rhead, rtail, i):
     """Remove request ``i`` from the running list; returns the new (head, tail)."""
     nx = rnext[i]

@@ -16,6 +16,7 @@ from ..._jit import inline, jit, largest
 from ..router import ONE_ENGINE
 from ._bare import occupancy
 from ._calendar import RING_MAX
+from ._speculative import Spec
 
 # Per-request rows of the loop's ``work``.
 (G, C, HELD, DBASE, PHASE, LAST_T, RPREV, RNEXT, CNEXT, CPREV, DUE, PNEXT, QNEXT, JOINED, SEQ, WORK_ROWS) = range(16)
@@ -46,8 +47,9 @@ class Pool(NamedTuple):
 class Rules(NamedTuple):
     """What every replica shares: the running limit, tokens per block, the blocks a shared prefix
     pins (every admission starts with so many tokens), whether blocks are reserved at admission
-    (for the longest output ``o_max``), async scheduling, and the client's API overhead (a
-    session's next turn comes that and its think time after the turn before is done)."""
+    (for the longest output ``o_max``), async scheduling, the client's API overhead (a
+    session's next turn comes that and its think time after the turn before is done), and
+    speculative decoding (:class:`._speculative.Spec`; its ``OFF``)."""
 
     limit: int
     bt: int
@@ -56,6 +58,7 @@ class Rules(NamedTuple):
     o_max: int
     lookahead: bool
     api_s: float
+    spec: Spec
 
 
 class Routing(NamedTuple):

@@ -24,6 +24,7 @@ from . import lesson
 from ._kv import RESERVE, Counters
 from ._shape import WORK_ROWS, Alone, Pool, Rules
 from .serve import serve
+from ._speculative import Spec
 from . import serving_batched as batched_kernel
 
 NONE = np.int64(0)  # a counter the lesson's kernels do not keep (a typed 0: a literal one would
@@ -47,6 +48,7 @@ class Numbers(NamedTuple):
     max_output: int
     lookahead: bool
     fixed_blocks: int
+    spec: Spec  # speculative decoding (a run's: its counts are filled)
 
 
 @jit
@@ -67,13 +69,13 @@ def lesson_batched(arrival, prompt, output, plan, token_1, first_token, done, ru
 
 @jit
 def serving_continuous(arrival, prompt, output, plan, token_1, first_token, done, runs, gaps, work):
-    limit, _, k, budget, blocks, bt, kv_mode, pb, o_max, lookahead, fixed = plan
+    limit, _, k, budget, blocks, bt, kv_mode, pb, o_max, lookahead, fixed, spec = plan
     unrouted = np.empty(0, np.int64)  # one engine: no router's draws in, no replicas out
     no_times = np.empty(0)
     no_cache = np.empty((0, 0), np.int64)  # (KV counted: no prefix cache's array)
     k = frozen_in_loop(k)
     pool = Pool(ONE, k, budget, blocks, NO_SLACK, fixed)
-    rules = Rules(limit, bt, pb, kv_mode == RESERVE, o_max, lookahead, 0.0)
+    rules = Rules(limit, bt, pb, kv_mode == RESERVE, o_max, lookahead, 0.0, spec)
     routing = Alone(UNROUTED, unrouted, 1.0, no_times, no_times, unrouted, token_1, 0, unrouted, 1)
     _, (steps, busy, queue, preemptions, kv_sum, kv_peak), nruns, ngaps, _ = serve(
         arrival, prompt, output, Pool(NONE, k, budget, blocks, NO_SLACK, fixed), pool, rules, routing,

@@ -27,15 +27,16 @@ The work per step does not depend on the batch size:
 - When the free blocks cannot cover a step's needs, the running list is walked oldest first,
   preempting from its tail exactly as the rules say (:mod:`._preempt`); otherwise no one is
   preempted and the sums suffice.
-- While nobody can be admitted, finish or run out of blocks, a fast path runs bare steps, the
-  longer runs' last steps in closed form (:func:`._bare.bare_run`).
+- Under speculative decoding (:mod:`._speculative`) a decoder verifies ``ks`` tokens beyond its
+  own and emits a drawn number: every step walks the decoders for their blocks and tokens.
+- Else, while nobody can be admitted, finish or run out of blocks, a fast path runs bare steps,
+  the longer runs' last steps in closed form (:func:`._bare.bare_run`).
 
 State is struct of arrays, indexed in place: per request the rows of ``work``; per replica its
-scalars (columns of ``st``, in locals while it runs), its calendar (buckets from ``rep *
-stride``), its decoders by block phase (``bcount[rep]``) and its open step run. Helpers on the hot
-path take arrays one by one, not in tuples, and are inlined, or called apart where they run
-rarely (an array taken out of a tuple, or given to an inlined helper that branches, is
-reference-counted at each use: measured several times the helper's own work).
+scalars (columns of ``st``, in locals while it runs), its calendar, its decoders by block phase
+(``bcount[rep]``) and its open step run. Hot-path helpers take arrays one by one, inlined, or are
+called apart where they run rarely (an array taken out of a tuple, or given to an inlined helper
+that branches, is reference-counted at each use: measured several times the helper's own work).
 """
 
 from __future__ import annotations
@@ -50,10 +51,11 @@ from ._bare import bare_run, mark, may_admit
 from ._calendar import extend_run, totals
 from ._preempt import preempt_for
 from ._route import earliest, route
-from ._running import cal_file, cal_remove, cdiv, join_queue, link_tail, unlink
+from ._running import cal_file, cal_remove, cdiv, due_in_order, join_queue, link_tail, unlink
 from ._shape import *  # noqa: F403 (the rows of work, the columns of st)
 from ._shape import alone, load, lockstep, releases, save, start
-from ._lockstep import next_rank
+from ._speculative import first_slots, verify
+from ._lockstep import keep_step, kept_step, next_rank
 
 
 @jit
@@ -98,13 +100,14 @@ def serve(arrival, prompt, output, pre, dec, rules, routing, kv, cache, first_to
     sending = taken
     given = arrival[:sending if clients > 0 else n]  # the arrivals given (clients': their first requests')
     pre_k, dec_k = pre.k, dec.k
-    limit, bt, pb, reserve, o_max, lookahead, api_s = rules
+    limit, bt, pb, reserve, o_max, lookahead, api_s, spec = rules
+    ks, span = spec.tokens, spec.span  # speculative decoding: tokens a decoder verifies beyond its own (0: off)
     cached = pb * bt  # tokens every admission starts with (a pinned prefix)
     g = work[G]  # tokens emitted (decoders: as of step dbase)
     c = work[C]  # tokens computed (non-decoders)
-    held = work[HELD]  # blocks held beyond the pinned prefix (reserve; paged non-decoders)
+    held = work[HELD]  # blocks held beyond the pinned prefix (reserve; paged non-decoders; speculating decoders)
     dbase = work[DBASE]  # decoders: the step count when they became decoders (set then)
-    phase = work[PHASE]  # decoders: they need a new block at steps == phase (mod bt) (set then)
+    phase = work[PHASE]  # decoders: a new block at steps == phase (mod bt) (set then; speculating: blocks pending)
     last_t = work[LAST_T].view(np.float64)  # time of the last token (set when a later gap reads it)
     rprev = work[RPREV]  # each replica's running list, in admission order
     rnext = work[RNEXT]
@@ -183,7 +186,7 @@ def serve(arrival, prompt, output, pre, dec, rules, routing, kv, cache, first_to
                             nwait += 1
                         t_next = arrival[head] if head < n else np.inf
                 if not lockstep(routing) or stage == 0:  # (a lock-step rank's second pass runs the step)
-                    left = budget - n_dec  # decoders first: one token each, always within the budget
+                    left = budget - n_dec * (1 + ks)  # decoders first: 1 + ks tokens each, within the budget
                     nrows = 0
                     preempted = False
                     # 1. running requests: decoders' new blocks, then the partial row (the tail)
@@ -197,15 +200,15 @@ def serve(arrival, prompt, output, pre, dec, rules, routing, kv, cache, first_to
                         # for everyone (or a cache that knows each block: every request given its own)
                         (rhead, rtail, running, partial, n_dec, sum_c, free, aux, ptop, npre_q, nwait, preemptions,
                          preempted) = preempt_for(
-                            kv, cache, rep, hitting, bt, per, blocks, steps, now, prompt, g, c, held, dbase, phase,
-                            last_t, pnext, rprev, rnext, bucket, cnext, cprev, bcount, rhead, rtail, running, partial,
+                            kv, cache, rep, hitting, bt, per, span, blocks, steps, now, prompt, g, c, held, dbase,
+                            phase, last_t, pnext, rprev, rnext, bucket, cnext, cprev, bcount, rhead, rtail, running, partial,
                             pneed, n_dec, sum_c, free, aux, ptop, npre_q, nwait, preemptions)
-                        left = budget - n_dec
+                        left = budget - n_dec * (1 + ks)
                     elif paged:
                         free, aux = roles.allocate(kv, rep, bcount[rep, steps % bt] + pneed, free, aux)
                         if partial >= 0:
                             held[partial] += pneed
-                    sampled = n_dec  # rows that emit a token: every decoder, and prefills that complete
+                    sampled = n_dec * (1 + ks)  # rows sampled: every decoder's (each verified), prefills that complete
                     if partial >= 0:
                         rows_i[ro] = partial
                         rows_c[ro] = c[partial]
@@ -226,7 +229,7 @@ def serve(arrival, prompt, output, pre, dec, rules, routing, kv, cache, first_to
                                 kv, cache, rep, i, prompt[i], g[i], c[i], npre_q > 0, free, aux,
                                 hitting, blocks, bt, phase[i], dbase[i], cached)
                             if stop:
-                                return _stopped(ngaps)
+                                return roles.stopped(ngaps)
                             todo = prompt[i] + g[i] - c0
                             take = min(todo, left)
                             new = 0
@@ -266,9 +269,9 @@ def serve(arrival, prompt, output, pre, dec, rules, routing, kv, cache, first_to
                                 break  # idle until a request is routed here (or none is left)
                             now = t_next  # one engine, idle: jump to the next arrival
                         continue  # else the only runner preempted itself: it is admitted next iteration
-                    n_tok = n_dec
-                    kv_tok = sum_c + n_dec
-                    pairs = sum_c + n_dec
+                    n_tok = n_dec * (1 + ks)
+                    kv_tok = sum_c + n_tok
+                    pairs = (1 + ks) * sum_c + n_tok * (2 + ks) // 2
                     for r in range(ro, ro + nrows):
                         n_tok += rows_n[r]
                         kv_tok += rows_c[r] + rows_n[r]
@@ -278,13 +281,10 @@ def serve(arrival, prompt, output, pre, dec, rules, routing, kv, cache, first_to
                         kv_sum += used
                         kv_peak = max(kv_peak, used)
                     if lockstep(routing):  # the replica's step time waits for every rank's rows
-                        st[rep, ACTIVE], st[rep, STEP_N], st[rep, STEP_KV] = 1, n_tok, kv_tok
-                        st[rep, STEP_PAIRS], st[rep, STEP_S], st[rep, STEP_ROWS] = pairs, sampled, nrows
-                        st[rep, STEP_W] = n_dec
+                        keep_step(st, rep, n_tok, kv_tok, pairs, sampled, nrows, n_dec)
                         break
                 else:
-                    n_tok, kv_tok, pairs = st[rep, STEP_N], st[rep, STEP_KV], st[rep, STEP_PAIRS]
-                    sampled, nrows = st[rep, STEP_S], st[rep, STEP_ROWS]
+                    n_tok, kv_tok, pairs, sampled, nrows = kept_step(st, rep)
                     preempted = False
                 # 3. the step (a lock-step replica's: recorded once, :func:`._lockstep.step_of`)
                 if lockstep(routing):
@@ -297,27 +297,22 @@ def serve(arrival, prompt, output, pre, dec, rules, routing, kv, cache, first_to
                 now += d
                 steps += 1
                 busy += n_dec
-                sum_c += n_dec
                 cursor = cursor + 1 if cursor + 1 < ring else 0
                 # the decoders due now finish: walked in their bucket, or where a cache's free queue keeps the
-                # order of releases, in running order (admitted before any prefill row, which come after)
+                # order of releases, in running order (admitted before any prefill row, which come after); under
+                # speculation each verified its draft, and those that finish are listed
                 released = nheap  # (the heap grows: arrivals released)
                 i = bucket[base + cursor]
                 ndue = b = 0
-                if roles.ordered(kv):
-                    while i >= 0:
-                        nx = cnext[i]
-                        if due[i] == steps:
-                            cal_remove(bucket, cnext, cprev, i)
-                            j = ndue
-                            while j > 0 and seq[dues[j - 1]] > seq[i]:
-                                dues[j] = dues[j - 1]
-                                j -= 1
-                            dues[j] = i
-                            ndue += 1
-                        i = nx
+                emitted = n_dec  # (its next step's blocks: bcount's slot for it)
+                if ks > 0:
+                    ndue, emitted, bcount[rep, steps % bt] = verify(spec, rhead, n_dec, rnext, prompt, output, g, dbase,
+                                                                    held, phase, steps, dues, bt, per)
+                elif roles.ordered(kv):
+                    ndue = due_in_order(bucket, cnext, cprev, due, seq, dues, i, steps)
+                sum_c += emitted
                 while True:
-                    if roles.ordered(kv):
+                    if roles.ordered(kv) or ks > 0:
                         if b == ndue:
                             break
                         i = dues[b]
@@ -335,17 +330,18 @@ def serve(arrival, prompt, output, pre, dec, rules, routing, kv, cache, first_to
                     ci = prompt[i] + output[i] - 1
                     n_dec -= 1
                     sum_c -= ci
-                    bcount[rep, phase[i]] -= 1
+                    if ks == 0:
+                        bcount[rep, phase[i]] -= 1
                     if limited:
-                        free, aux = roles.free(kv, cache, rep, i,
-                                               cdiv(ci, bt) - per if paged else held[i], ci, free, aux, hitting, bt)
+                        free, aux = roles.free(kv, cache, rep, i, cdiv(ci, bt) - per if paged and ks == 0 else held[i],
+                                               ci, free, aux, hitting, bt)
                     held[i] = 0
                     rhead, rtail = unlink(rprev, rnext, rhead, rtail, i)
                     running -= 1
                     if releases(routing) and sessions:
                         nheap, taken = released_by(i, now, api_s, think, arrival, heap_t, heap_i, nheap, clients,
                                                    taken, alone(routing), starts)
-                    if not roles.ordered(kv):
+                    if not (roles.ordered(kv) or ks > 0):
                         i = nx
                 # prefill rows: a row that reaches p + g computed tokens emits one
                 partial = -1
@@ -385,9 +381,13 @@ def serve(arrival, prompt, output, pre, dec, rules, routing, kv, cache, first_to
                         dbase[i] = steps
                         n_dec += 1
                         sum_c += c[i]
-                        phase[i] = (steps - c[i]) % bt
-                        bcount[rep, phase[i]] += 1
-                        mark(occ, cal_file(bucket, base, ring, cnext, cprev, due, cursor, steps, i, output[i] - g[i]))
+                        if ks > 0:  # (its verifications say when it finishes, and take its slots)
+                            bcount[rep, steps % bt] += first_slots(spec, c[i], held, phase, i, bt, per)
+                        else:
+                            phase[i] = (steps - c[i]) % bt
+                            bcount[rep, phase[i]] += 1
+                            mark(occ, cal_file(bucket, base, ring, cnext, cprev, due, cursor, steps, i,
+                                               output[i] - g[i]))
                 if releases(routing):
                     if nsent > 0:
                         nheap = send(ended, nsent, now, link_free, rep, link_s, sent, heap_t, heap_i, nheap)
@@ -401,7 +401,7 @@ def serve(arrival, prompt, output, pre, dec, rules, routing, kv, cache, first_to
                 # that would be admitted, a completion or a step whose new blocks do not fit
                 if lockstep(routing):
                     break  # (one step: the replica's ranks step together)
-                if partial >= 0 or n_dec == 0 or preempted or roles.walks(kv, hitting) or (
+                if partial >= 0 or n_dec == 0 or preempted or ks > 0 or roles.walks(kv, hitting) or (
                         nwait > 0 and running < limit and may_admit(
                             kv, ptop if npre_q > 0 else qfirst, npre_q > 0, limited, budget - n_dec, prompt, g, c,
                             cached, reserve, o_max, bt, per, free)):
@@ -450,11 +450,3 @@ def serve(arrival, prompt, output, pre, dec, rules, routing, kv, cache, first_to
     pre_counts = totals(st[:npre], runs, nruns, STEPS, RUN_KV)
     counts = totals(st[npre:], runs, pre_counts[-1], STEPS, RUN_KV)
     return pre_counts[:-1], counts[:-1], counts[-1], ngaps, len(kept) < 0  # (False, once ``kept`` is no longer needed)
-
-
-@jit
-def _stopped(ngaps):
-    """What :func:`serve` returns when the runs' bookkeeping cannot follow (the driver then runs
-    the cache block by block: :class:`._kv.Blocks`)."""
-    none = (0, 0, 0, 0, 0, 0)
-    return none, none, 0, ngaps, True
