@@ -104,7 +104,7 @@ MOE_DP = ("moe, dp 4 (qwen3-30b-a3b)", {"model.preset": "qwen3-30b-a3b", "engine
 # A hybrid-attention model on one H100: gpt-oss-120b, half its layers a 128-token sliding window.
 HYBRID = ("hybrid KV (gpt-oss-120b)", {"model.preset": "gpt-oss-120b"}, 8.0)
 # Speculative decoding: DeepSeek-R1 on 8 H200s (tp 8), its MTP layer proposing 2 tokens a step at acceptance 0.8.
-SPECULATIVE = ("speculative, mtp 2 (deepseek-r1, 8 x h200)", {
+SPECULATIVE = ("mtp 2 (deepseek-r1, 8 x h200)", {
     "model.preset": "deepseek-r1", "hardware.preset": "h200", "engine.tp": 8,
     "engine.speculative": {"method": "mtp", "tokens": 2, "acceptance": 0.8}}, 24.0)
 # Fleets of it: 8 GPUs at 12 requests/s each, as 8 replicas behind two routers or as 2 prefill + 6 decode.
