@@ -134,7 +134,7 @@ def draft_weight_gb(spec: Speculative | None, model) -> float:
     if spec is None or spec.method == "ngram":
         return 0.0
     if spec.method == "draft":
-        return hf_config_fields(spec)["weight_gb"]
+        return draft_shape(spec).fields()["weight_gb"]
     return model.weight_gb * draft_layers(spec, model) / model.n_layers if model.n_layers else 0.0
 
 
@@ -144,10 +144,5 @@ def draft_kv_share(spec: Speculative | None, model) -> float:
     if spec is None or spec.method == "ngram" or not model.kv_bytes_per_token:
         return 0.0
     if spec.method == "draft":
-        return hf_config_fields(spec)["kv_bytes_per_token"] / model.kv_bytes_per_token
+        return draft_shape(spec).fields()["kv_bytes_per_token"] / model.kv_bytes_per_token
     return draft_layers(spec, model) / model.n_layers if model.n_layers else 0.0
-
-
-def hf_config_fields(spec: Speculative) -> dict:
-    """The draft model's ``model:`` fields at its own dtypes."""
-    return draft_shape(spec).fields()

@@ -57,26 +57,21 @@ def seed_of(workload_seed: int) -> int:
 
 
 def mix(z: int) -> int:
-    """splitmix64's finaliser, in Python integers (what :func:`draw` computes)."""
+    """splitmix64's finaliser, in Python integers (what :func:`draw_at` computes)."""
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK
     return z ^ (z >> 31)
 
 
 def draw_py(seed: int, i: int, g: int, j: int) -> int:
-    """:func:`draw` in plain Python (the oracle's)."""
+    """A draw (:func:`draw_at`) in plain Python."""
     return mix((seed + i * 0x9E3779B97F4A7C15 + g * 0xD1B54A32D192ED03 + j * 0x8CB92BA72F3D8DD7) & MASK) >> 11
 
 
 @inline
-def draw(seed, i, g, j):
-    """53 uniform bits for position ``j`` (from 0) of the verification of request ``i`` after ``g`` tokens."""
-    return draw_at(np.uint64(seed) + np.uint64(i) * _I + np.uint64(g) * _G, j)
-
-
-@inline
 def draw_at(base, j):
-    """:func:`draw` from its verification's ``base`` (seed + i x I + g x G, as uint64)."""
+    """53 uniform bits for position ``j`` (from 0) of a verification whose ``base`` is seed + i x I
+    + g x G (as uint64: request ``i`` after ``g`` tokens; :func:`draw_py` whole)."""
     z = base + np.uint64(j) * _J
     z = (z ^ (z >> _S30)) * _M1
     z = (z ^ (z >> _S27)) * _M2
